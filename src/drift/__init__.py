@@ -1,0 +1,19 @@
+"""drift: distributed spectral operators for Fourier-domain neural networks."""
+
+from drift.comm import Collective, CommLog, comm_log
+from drift.decomposition import gather, local_slices, scatter
+from drift.errors import PlanError
+from drift.truncated import TruncatedFFT
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Collective",
+    "CommLog",
+    "PlanError",
+    "TruncatedFFT",
+    "comm_log",
+    "gather",
+    "local_slices",
+    "scatter",
+]

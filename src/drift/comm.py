@@ -1,0 +1,188 @@
+"""Collectives: the only module that calls ``torch.distributed``.
+
+Every collective drift issues goes through here, so that ``comm_log`` can count calls and bytes, and
+each has an autograd adjoint under torch.distributed's sum convention (the global loss is the sum of
+every rank's loss): all-reduce <-> all-reduce, reduce-scatter <-> all-gather.
+
+A group of one rank issues no collective and records nothing; without ``init_process_group`` the
+default group is that embedded one-rank group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+def is_initialized() -> bool:
+    """Whether the default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size(group=None) -> int:
+    """Number of ranks in ``group`` (1 for the embedded default when no process group exists)."""
+    if is_initialized():
+        return dist.get_world_size(group)
+    if group is not None:
+        raise RuntimeError("a process group was given but torch.distributed is not initialised")
+    return 1
+
+
+def rank(group=None) -> int:
+    """This process's rank in ``group`` (0 for the embedded default)."""
+    return dist.get_rank(group) if is_initialized() else 0
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective as this rank saw it.
+
+    ``bytes`` is the payload this rank handed to the collective (its input tensor); ``wire_bytes`` is
+    what this rank sends under a bandwidth-optimal (ring) algorithm: all-reduce 2(P-1)/P of the
+    payload, reduce-scatter and all-to-all (P-1)/P of it, all-gather P-1 times it.
+    """
+
+    kind: str
+    bytes: int
+    wire_bytes: int
+    group_size: int
+
+
+@dataclass
+class CommLog:
+    """The collectives issued while a ``comm_log`` context is open."""
+
+    calls: list[Collective] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        """Total payload bytes over all recorded calls."""
+        return sum(c.bytes for c in self.calls)
+
+    def kinds(self) -> list[str]:
+        """The kinds of the recorded calls, in order."""
+        return [c.kind for c in self.calls]
+
+
+_active_logs: list[CommLog] = []
+
+# torch 2.13 renamed the single-tensor collectives; older releases only have the old names.
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@contextlib.contextmanager
+def comm_log() -> Iterator[CommLog]:
+    """Record every collective drift issues on this rank inside the ``with`` block."""
+    log = CommLog()
+    _active_logs.append(log)
+    try:
+        yield log
+    finally:
+        _active_logs.remove(log)
+
+
+def _record(kind: str, payload: int, wire: int, size: int) -> None:
+    for log in _active_logs:
+        log.calls.append(Collective(kind, payload, wire, size))
+
+
+def _real(x: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(x) if x.is_complex() else x
+
+
+def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    size = world_size(group)
+    out = x.clone(memory_format=torch.contiguous_format)
+    if size > 1:
+        n = out.numel() * out.element_size()
+        _record("all_reduce", n, 2 * (size - 1) * n // size, size)
+        dist.all_reduce(_real(out), group=group)
+    return out
+
+
+def _reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
+    size = world_size(group)
+    if x.shape[0] % size:
+        raise ValueError(f"reduce_scatter needs dim 0 ({x.shape[0]}) divisible by the group size {size}")
+    if size == 1:
+        return x.clone(memory_format=torch.contiguous_format)
+    x = x.contiguous()
+    out = x.new_empty(x.shape[0] // size, *x.shape[1:])
+    n = x.numel() * x.element_size()
+    _record("reduce_scatter", n, (size - 1) * n // size, size)
+    _reduce_scatter_single(_real(out), _real(x), group=group)
+    return out
+
+
+def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
+    size = world_size(group)
+    if size == 1:
+        return x.clone(memory_format=torch.contiguous_format)
+    x = x.contiguous()
+    out = x.new_empty(size * x.shape[0], *x.shape[1:])
+    n = x.numel() * x.element_size()
+    _record("all_gather", n, (size - 1) * n, size)
+    _all_gather_single(_real(out), _real(x), group=group)
+    return out
+
+
+class _AllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.group), None
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.group), None
+
+
+def all_reduce(x: torch.Tensor, *, group=None) -> torch.Tensor:
+    """Sum of ``x`` over the ranks of ``group``, returned on every rank (a new tensor).
+
+    Differentiable: the gradient of each rank's input is the all-reduce of the output gradients.
+    """
+    return _AllReduce.apply(x, group)
+
+
+def reduce_scatter(x: torch.Tensor, *, group=None) -> torch.Tensor:
+    """Rank p's share of the sum over ranks: ``x`` is ``(P * c, ...)``; returns ``(c, ...)``.
+
+    Block p of dim 0 of the summed tensor goes to rank p. Differentiable (adjoint: all-gather).
+    """
+    return _ReduceScatter.apply(x, group)
+
+
+def all_gather(x: torch.Tensor, *, group=None) -> torch.Tensor:
+    """Every rank's ``x`` (``(c, ...)``) concatenated along dim 0 in rank order: ``(P * c, ...)``.
+
+    Differentiable (adjoint: reduce-scatter of the output gradient).
+    """
+    return _AllGather.apply(x, group)
