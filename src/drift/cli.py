@@ -14,7 +14,8 @@ import drift
 
 
 def _info(_: argparse.Namespace) -> int:
-    backends = [b for b in ("gloo", "nccl", "mpi") if dist.is_available() and getattr(dist, f"is_{b}_available")()]
+    available = dist.is_available()
+    backends = [b for b in ("gloo", "nccl", "mpi") if available and getattr(dist, f"is_{b}_available")()]
     cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     print(f"drift {drift.__version__}")
     print(f"python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
