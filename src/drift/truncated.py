@@ -113,7 +113,34 @@ class _Stage:
     out: int
 
 
-def _apply(t: torch.Tensor, stage: _Stage) -> torch.Tensor:
+class _Workspace:
+    """Resident work buffers for the passes that autograd does not record, one per (stage, role).
+
+    Reusing them spares the page faults of fresh multi-gigabyte allocations on every call; a buffer is
+    replaced when the batch size changes. Buffers are ordinary tensors even when first made under
+    ``torch.inference_mode``, so later calls outside it can still write them.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            self._buffers.pop(key, None)
+            with torch.inference_mode(False):
+                buf = torch.empty(shape, dtype=dtype, device=self.device)
+            self._buffers[key] = buf
+        return buf
+
+
+def _apply(t: torch.Tensor, stage: _Stage, work: _Workspace | None, key: tuple) -> torch.Tensor:
+    """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work`` when it is given."""
+
+    def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        return None if work is None else work.get((*key, role), shape, dtype)
+
     shape = t.shape
     pos = stage.dim + 1
     lead, n, rest = math.prod(shape[:pos]), shape[pos], math.prod(shape[pos + 1 :])
@@ -123,19 +150,24 @@ def _apply(t: torch.Tensor, stage: _Stage) -> torch.Tensor:
             t = torch.view_as_real(t).reshape(lead, 2 * n)
         else:
             t = t.reshape(lead, n, rest)
-            t = torch.cat((t.real, t.imag), dim=1)
+            parts = buffer("parts", (lead, 2 * n, rest), stage.matrix.dtype)
+            t = torch.cat((t.real, t.imag), dim=1, out=parts)
     elif stage.right:
         t = t.reshape(lead, n)
     else:
         t = t.reshape(lead, n, rest)
-    out = t @ stage.matrix if stage.right else torch.matmul(stage.matrix, t)
+    rows = 2 * stage.out if stage.kind == "real_in" else stage.out
+    if stage.right:
+        out = torch.matmul(t, stage.matrix, out=buffer("gemm", (lead, rows), t.dtype))
+    else:
+        out = torch.matmul(stage.matrix, t, out=buffer("gemm", (lead, rows, rest), t.dtype))
     if stage.kind == "real_in":
         k = stage.out
-        out = (
-            torch.view_as_complex(out.view(lead, k, 2))
-            if stage.right
-            else torch.complex(out[:, :k], out[:, k:])
-        )
+        if stage.right:
+            out = torch.view_as_complex(out.view(lead, k, 2))
+        else:
+            cplx = torch.complex64 if out.dtype == torch.float32 else torch.complex128
+            out = torch.complex(out[:, :k], out[:, k:], out=buffer("complex", (lead, k, rest), cplx))
     return out.view(new_shape)
 
 
@@ -211,6 +243,7 @@ class TruncatedFFT:
         self.order, self.flops = best_order(self.local_shape, self.mode_shape, real)
         self._forward_stages = self._build_forward()
         self._inverse_stages = self._build_inverse()
+        self._workspace = _Workspace(self.device)
 
     def __repr__(self) -> str:
         return (
@@ -313,15 +346,13 @@ class TruncatedFFT:
             )
         return x.to(device=self.device, dtype=expected)
 
-    def _local_forward(self, x: torch.Tensor) -> torch.Tensor:
-        for stage in self._forward_stages:
-            x = _apply(x, stage)
-        return x
-
-    def _local_inverse(self, xhat: torch.Tensor) -> torch.Tensor:
-        for stage in self._inverse_stages:
-            xhat = _apply(xhat, stage)
-        return xhat
+    def _run(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
+        """Apply ``stages`` in turn. Unless autograd records the pass, every stage but the last writes
+        into the plan's resident workspace; the last always returns a fresh tensor."""
+        work = None if torch.is_grad_enabled() and t.requires_grad else self._workspace
+        for i, stage in enumerate(stages):
+            t = _apply(t, stage, work if i < len(stages) - 1 else None, (name, i))
+        return t
 
     def forward(self, x_local: torch.Tensor, out: str = "replicated") -> torch.Tensor:
         """Retained modes of the global field from this rank's block.
@@ -337,7 +368,7 @@ class TruncatedFFT:
         x_local = self._check(x_local, "forward input", self.local_shape, complex_input=not self.real)
         d = len(self.global_shape)
         batch = x_local.shape[: x_local.dim() - d]
-        spec = self._local_forward(x_local.reshape(-1, *self.local_shape))
+        spec = self._run(self._forward_stages, x_local.reshape(-1, *self.local_shape), "forward")
         if out == "replicated":
             return comm.all_reduce(spec, group=self.group).view(*batch, *self.mode_shape)
         shares = comm.reduce_scatter(self._pad_shares(spec.reshape(-1, self.num_modes)), group=self.group)
@@ -367,7 +398,7 @@ class TruncatedFFT:
             spec = self._unpad_shares(comm.all_gather(padded, group=self.group)).view(-1, *self.mode_shape)
         else:
             raise ValueError(f"inp must be 'replicated' or 'sharded', got {inp!r}")
-        return self._local_inverse(spec).view(*batch, *self.local_shape)
+        return self._run(self._inverse_stages, spec, "inverse").view(*batch, *self.local_shape)
 
     __call__ = forward
 
