@@ -3,6 +3,7 @@
 from drift.comm import Collective, CommLog, comm_log
 from drift.decomposition import gather, local_slices, scatter
 from drift.errors import PlanError
+from drift.fft import DistributedFFT
 from drift.truncated import TruncatedFFT
 
 __version__ = "0.1.0"
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Collective",
     "CommLog",
+    "DistributedFFT",
     "PlanError",
     "TruncatedFFT",
     "comm_log",

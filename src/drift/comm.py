@@ -37,6 +37,30 @@ def rank(group=None) -> int:
     return dist.get_rank(group) if is_initialized() else 0
 
 
+_subgroups: dict[tuple, object] = {}
+
+
+def subgroup(members: list[int], group=None):
+    """The process group of ``members`` (ranks of ``group``), created once and cached.
+
+    Only the members call this (local synchronisation). The subgroup inherits ``group``'s timeout,
+    so a rank that fails mid-transform makes its peers fail within that timeout, not torch's default.
+    """
+    if len(members) == 1 or world_size(group) == 1:
+        raise ValueError("a subgroup needs at least two ranks of an initialised process group")
+    global_ranks = tuple(dist.get_global_rank(group, r) if group is not None else r for r in members)
+    key = (id(group), global_ranks)
+    if key not in _subgroups:
+        backend = (group or dist.group.WORLD)._get_backend(_backend_device(group))
+        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
+        _subgroups[key] = dist.new_group(list(global_ranks), timeout=timeout, use_local_synchronization=True)
+    return _subgroups[key]
+
+
+def _backend_device(group) -> torch.device:
+    return torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
+
+
 @dataclass(frozen=True)
 class Collective:
     """One collective as this rank saw it.
@@ -131,6 +155,33 @@ def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
+def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    size = world_size(group)
+    out = x.new_empty(sum(recv))
+    if size == 1:
+        return out.copy_(x)
+    x = x.contiguous()
+    me = rank(group)
+    n = x.numel() * x.element_size()
+    _record("all_to_all", n, (x.numel() - send[me]) * x.element_size(), size)
+    if x.is_complex():
+        dist.all_to_all_single(torch.view_as_real(out), torch.view_as_real(x), recv, send, group=group)
+    else:
+        dist.all_to_all_single(out, x, recv, send, group=group)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send, recv, group):
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        return _all_to_all(x, send, recv, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_to_all(grad, ctx.recv, ctx.send, ctx.group), None, None, None
+
+
 class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -178,6 +229,15 @@ def reduce_scatter(x: torch.Tensor, *, group=None) -> torch.Tensor:
     Block p of dim 0 of the summed tensor goes to rank p. Differentiable (adjoint: all-gather).
     """
     return _ReduceScatter.apply(x, group)
+
+
+def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], *, group=None) -> torch.Tensor:
+    """Exchange pieces of a flat tensor: ``send[q]`` elements of ``x`` (in rank order) go to rank q,
+    and ``recv[q]`` elements from rank q fill the returned flat tensor in rank order.
+
+    Differentiable (adjoint: the reverse exchange).
+    """
+    return _AllToAll.apply(x, list(send), list(recv), group)
 
 
 def all_gather(x: torch.Tensor, *, group=None) -> torch.Tensor:

@@ -38,6 +38,14 @@ def grid_coords(rank: int, grid: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(coords))
 
 
+def grid_rank(coords: Sequence[int], grid: Sequence[int]) -> int:
+    """The rank at row-major coordinates ``coords`` of the process grid ``grid``."""
+    rank = 0
+    for c, parts in zip(coords, grid, strict=True):
+        rank = rank * parts + c
+    return rank
+
+
 def check_grid(global_shape: Sequence[int], grid: Sequence[int], world_size: int) -> tuple[int, ...]:
     """Validate ``grid`` against ``global_shape`` and the group size; returns it as a tuple.
 

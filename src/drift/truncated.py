@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from drift import comm
+from drift._plan import check_input, complex_dtype, resolve_device
 from drift.decomposition import block_slice, check_grid, local_slices
-from drift.errors import PlanError
 
 _NORMS = ("backward", "ortho", "forward")
 ModeSpec = int | Sequence[int]
@@ -166,7 +166,7 @@ def _apply(t: torch.Tensor, stage: _Stage, work: _Workspace | None, key: tuple) 
         if stage.right:
             out = torch.view_as_complex(out.view(lead, k, 2))
         else:
-            cplx = torch.complex64 if out.dtype == torch.float32 else torch.complex128
+            cplx = complex_dtype(out.dtype)
             out = torch.complex(out[:, :k], out[:, k:], out=buffer("complex", (lead, k, rest), cplx))
     return out.view(new_shape)
 
@@ -206,10 +206,7 @@ class TruncatedFFT:
         norm: str = "backward",
         strict: bool = True,
     ) -> None:
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(
-                f"dtype must be torch.float32 or torch.float64 (the real precision), got {dtype}"
-            )
+        self.complex_dtype = complex_dtype(dtype)
         if norm not in _NORMS:
             raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
         self.global_shape = tuple(int(n) for n in global_shape)
@@ -232,8 +229,7 @@ class TruncatedFFT:
         )
         self.real = real
         self.dtype = dtype
-        self.complex_dtype = torch.complex64 if dtype == torch.float32 else torch.complex128
-        self.device = _resolve(device)
+        self.device = resolve_device(device)
         self.norm = norm
         self.strict = strict
         self.mode_shape = tuple(len(m) for m in self.modes)
@@ -329,22 +325,9 @@ class TruncatedFFT:
         """The slice of the row-major flattened retained modes that ``rank`` holds when sharded."""
         return block_slice(self.num_modes, self.world_size, rank)
 
-    def _check(self, x: torch.Tensor, what: str, tail: tuple[int, ...], complex_input: bool) -> torch.Tensor:
-        expected = self.complex_dtype if complex_input else self.dtype
-        d = len(tail)
-        if x.dim() < d or tuple(x.shape[x.dim() - d :]) != tail:
-            raise PlanError(
-                f"{what} on rank {self.rank} expected shape (*batch, {', '.join(map(str, tail))}), "
-                f"got {tuple(x.shape)}"
-            )
-        if x.dtype == expected and x.device == self.device:
-            return x
-        if self.strict or x.is_complex() != complex_input or not (x.is_floating_point() or x.is_complex()):
-            raise PlanError(
-                f"{what} on rank {self.rank} expected dtype {expected} on {self.device}, "
-                f"got {x.dtype} on {x.device}"
-            )
-        return x.to(device=self.device, dtype=expected)
+    def _check(self, t: torch.Tensor, what: str, shape: tuple[int, ...], complex_input: bool) -> torch.Tensor:
+        dtype = self.complex_dtype if complex_input else self.dtype
+        return check_input(t, what, self.rank, shape, dtype, self.device, self.strict)
 
     def _run(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
         """Apply ``stages`` in turn. Unless autograd records the pass, every stage but the last writes
@@ -426,10 +409,3 @@ class TruncatedFFT:
         """(P * b, c) -> (b, M), the inverse of ``_pad_shares``."""
         blocks = gathered.view(self.world_size, -1, self._padded_share)
         return torch.cat([blocks[q, :, : self._share_size(q)] for q in range(self.world_size)], dim=1)
-
-
-def _resolve(device: torch.device | str | None) -> torch.device:
-    device = torch.device("cpu") if device is None else torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device

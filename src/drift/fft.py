@@ -1,0 +1,252 @@
+"""Distributed full transforms: FFT (complex and real) and DCT-II over slab and pencil grids.
+
+The plan transforms every dim that is whole on this rank with one local call, then, while a dim is
+still untransformed, swaps it with a whole, transformed dim by an all-to-all inside the grid's
+sub-group along that dim's grid axis (the ranks that differ only in that coordinate), and transforms
+it. A slab grid ``(P, 1, 1)`` takes one transpose, a pencil grid ``(P1, P2, 1)`` two. The output is
+left where the last transpose put it: ``output_slices(rank)`` says which block a rank holds. The
+inverse runs the steps backwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from drift import comm, dct
+from drift._plan import check_input, complex_dtype, resolve_device
+from drift.decomposition import block_sizes, block_slice, check_grid, grid_coords, grid_rank, local_slices
+
+KINDS = ("c2c", "r2c", "dct2")
+
+
+@dataclass(frozen=True)
+class _Local:
+    """Transform ``dims`` locally (they are whole on every rank at this step)."""
+
+    dims: tuple[int, ...]
+    sizes: tuple[int, ...]  # their input extents (for the inverse real transform)
+
+
+@dataclass(frozen=True)
+class _Transpose:
+    """Make dim ``gather`` whole and split dim ``scatter`` over the same grid axis.
+
+    ``gather_sizes[q]`` and ``scatter_sizes[q]`` are rank q's block extents (in the sub-group, which
+    ``coord`` indexes) on the two dims; before the step this rank holds block ``coord`` of ``gather``.
+    """
+
+    gather: int
+    scatter: int
+    gather_sizes: tuple[int, ...]
+    scatter_sizes: tuple[int, ...]
+    coord: int
+    group: object
+
+    def reversed(self) -> _Transpose:
+        return _Transpose(
+            self.scatter, self.gather, self.scatter_sizes, self.gather_sizes, self.coord, self.group
+        )
+
+
+def _exchange(t: torch.Tensor, step: _Transpose) -> torch.Tensor:
+    """One transpose of a ``(b, ...)`` block: pack per destination, all-to-all, unpack."""
+    gather, scatter = step.gather + 1, step.scatter + 1
+    me = step.coord
+    offsets = [sum(step.scatter_sizes[:q]) for q in range(len(step.scatter_sizes))]
+    pieces = [t.narrow(scatter, off, n) for off, n in zip(offsets, step.scatter_sizes, strict=True)]
+    send_counts = [p.numel() for p in pieces]
+    send = t.new_empty(sum(send_counts))
+    start = 0
+    for piece, n in zip(pieces, send_counts, strict=True):
+        send[start : start + n].view(piece.shape).copy_(piece)
+        start += n
+    shapes = []
+    for size in step.gather_sizes:
+        shape = list(t.shape)
+        shape[gather], shape[scatter] = size, step.scatter_sizes[me]
+        shapes.append(shape)
+    recv_counts = [math.prod(s) for s in shapes]
+    recv = comm.all_to_all(send, send_counts, recv_counts, group=step.group)
+    return torch.cat([p.view(s) for p, s in zip(recv.split(recv_counts), shapes, strict=True)], dim=gather)
+
+
+class DistributedFFT:
+    """A resident plan for the full distributed transform of the last d dims of sharded blocks.
+
+    Args:
+        global_shape: extents ``(N1, ..., Nd)`` of the transformed dims.
+        grid: ranks per dim; the product is the group size and at least one dim must be whole (1).
+        kind: "c2c" (``torch.fft.fftn``), "r2c" (``torch.fft.rfftn``, last output extent N//2+1) or
+            "dct2" (``scipy.fft.dctn(type=2)``; local DCTs by FFT with twiddles, see ``drift.dct``).
+        dtype: the real precision, ``torch.float32`` or ``torch.float64``. c2c takes complex input of
+            that precision, r2c and dct2 real input.
+        device, group, strict: as for ``TruncatedFFT``.
+        norm: "backward", "ortho" or "forward" ("backward" or "ortho" for dct2).
+        inplace: low-memory mode (see ``forward``).
+
+    Input blocks follow ``local_slices(global_shape, grid, rank)``; output blocks follow
+    ``output_slices(rank)`` inside ``output_shape``.
+    """
+
+    def __init__(
+        self,
+        global_shape: Sequence[int],
+        grid: Sequence[int],
+        *,
+        kind: str = "c2c",
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        group=None,
+        norm: str = "backward",
+        inplace: bool = False,
+        strict: bool = True,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        self.complex_dtype = complex_dtype(dtype)
+        norms = ("backward", "ortho") if kind == "dct2" else ("backward", "ortho", "forward")
+        if norm not in norms:
+            raise ValueError(f"norm for kind {kind!r} must be one of {norms}, got {norm!r}")
+        self.global_shape = tuple(int(n) for n in global_shape)
+        self.group = group
+        self.world_size = comm.world_size(group)
+        self.rank = comm.rank(group)
+        self.grid = check_grid(self.global_shape, grid, self.world_size)
+        if all(p > 1 for p in self.grid):
+            raise ValueError(f"grid {self.grid} splits every dim: at least one dim must be whole")
+        self.kind, self.dtype, self.norm, self.inplace, self.strict = kind, dtype, norm, inplace, strict
+        self.device = resolve_device(device)
+        out = list(self.global_shape)
+        if kind == "r2c":
+            out[-1] = out[-1] // 2 + 1
+        self.output_shape = tuple(out)
+        self.local_slices = local_slices(self.global_shape, self.grid, self.rank)
+        self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
+        self._steps, self._output_axes = self._schedule()
+        self.output_local_shape = tuple(s.stop - s.start for s in self.output_slices(self.rank))
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedFFT(global_shape={self.global_shape}, grid={self.grid}, kind={self.kind!r}, "
+            f"rank={self.rank}, dtype={self.dtype}, norm={self.norm!r}, inplace={self.inplace})"
+        )
+
+    def _schedule(self) -> tuple[list, tuple]:
+        """The forward steps, and the grid axis each output dim is split over (None: whole)."""
+        d = len(self.global_shape)
+        coords = grid_coords(self.rank, self.grid)
+        axis = [a if self.grid[a] > 1 else None for a in range(d)]  # grid axis splitting each dim
+        extents = list(self.global_shape)
+        transformed: set[int] = set()
+        steps: list = []
+
+        def swap(split: int, candidates) -> None:
+            a = axis[split]
+            parts = self.grid[a]
+            fits = [j for j in candidates if axis[j] is None and extents[j] >= parts]
+            if not fits:
+                raise ValueError(
+                    f"grid {self.grid} cannot be transposed: no whole dim of global_shape "
+                    f"{self.global_shape} can take the {parts}-way split of dim {split}"
+                )
+            whole = max(fits)
+            members = []
+            for c in range(parts):
+                other = list(coords)
+                other[a] = c
+                members.append(grid_rank(other, self.grid))
+            group = comm.subgroup(members, self.group)
+            steps.append(
+                _Transpose(
+                    split,
+                    whole,
+                    tuple(block_sizes(extents[split], parts)),
+                    tuple(block_sizes(extents[whole], parts)),
+                    coords[a],
+                    group,
+                )
+            )
+            axis[whole], axis[split] = a, None
+
+        if self.kind == "r2c" and axis[d - 1] is not None:
+            # The real-to-complex transform must come first, on the real last dim: make it whole.
+            swap(d - 1, range(d - 1))
+        while True:
+            local = tuple(i for i in range(d) if axis[i] is None and i not in transformed)
+            steps.append(_Local(local, tuple(extents[i] for i in local)))
+            transformed.update(local)
+            if self.kind == "r2c":
+                extents[d - 1] = self.output_shape[-1]
+            pending = [i for i in range(d) if i not in transformed]
+            if not pending:
+                return steps, tuple(axis)
+            swap(max(pending), transformed)
+
+    def output_slices(self, rank: int) -> tuple[slice, ...]:
+        """Global index slices (inside ``output_shape``) of the output block that ``rank`` holds."""
+        coords = grid_coords(rank, self.grid)
+        return tuple(
+            slice(0, n) if a is None else block_slice(n, self.grid[a], coords[a])
+            for n, a in zip(self.output_shape, self._output_axes, strict=True)
+        )
+
+    def _check(self, t: torch.Tensor, what: str, shape: tuple[int, ...], complex_input: bool) -> torch.Tensor:
+        dtype = self.complex_dtype if complex_input else self.dtype
+        return check_input(t, what, self.rank, shape, dtype, self.device, self.strict)
+
+    def _transform(self, t: torch.Tensor, step: _Local, first: bool, inverse: bool) -> torch.Tensor:
+        dims = tuple(i + 1 for i in step.dims)
+        if not dims:
+            return t
+        if self.kind == "dct2":
+            for dim in dims:
+                t = (dct.idct2 if inverse else dct.dct2)(t, dim, self.norm)
+            return t
+        if self.kind == "r2c" and first:
+            if inverse:
+                return torch.fft.irfftn(t, s=step.sizes, dim=dims, norm=self.norm)
+            return torch.fft.rfftn(t, dim=dims, norm=self.norm)
+        return (torch.fft.ifftn if inverse else torch.fft.fftn)(t, dim=dims, norm=self.norm)
+
+    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
+        """This rank's block (``output_slices(rank)``) of the global transform.
+
+        ``x_local`` is ``(*batch, n1_loc, ..., nd_loc)`` as ``local_slices``: complex for c2c, real
+        for r2c and dct2. Differentiable.
+        """
+        x_local = self._check(x_local, "forward input", self.local_shape, complex_input=self.kind == "c2c")
+        batch = x_local.shape[: x_local.dim() - len(self.global_shape)]
+        t = x_local.reshape(-1, *self.local_shape)
+        first = True
+        for step in self._steps:
+            if isinstance(step, _Transpose):
+                t = _exchange(t, step)
+            else:
+                t = self._transform(t, step, first, inverse=False)
+                first = False
+        return t.reshape(*batch, *self.output_local_shape)
+
+    def inverse(self, y_local: torch.Tensor) -> torch.Tensor:
+        """The input block back from this rank's output block: ifftn, irfftn or the DCT-III.
+
+        ``inverse(forward(x)) == x`` to round-off. Differentiable.
+        """
+        y_local = self._check(
+            y_local, "inverse input", self.output_local_shape, complex_input=self.kind != "dct2"
+        )
+        batch = y_local.shape[: y_local.dim() - len(self.global_shape)]
+        t = y_local.reshape(-1, *self.output_local_shape)
+        first_local = next(i for i, step in enumerate(self._steps) if isinstance(step, _Local))
+        for i in reversed(range(len(self._steps))):
+            step = self._steps[i]
+            if isinstance(step, _Transpose):
+                t = _exchange(t, step.reversed())
+            else:
+                t = self._transform(t, step, i == first_local, inverse=True)
+        return t.reshape(*batch, *self.local_shape)
+
+    __call__ = forward

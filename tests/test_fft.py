@@ -1,0 +1,269 @@
+"""DistributedFFT against torch.fft and scipy.fft on 1..4 ranks: values, roundtrips, gradients, errors."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import math
+import time
+
+import pytest
+import scipy.fft
+import torch
+import torch.distributed as dist
+from harness import RankPool, device_for
+from reference import TOL, rel_err
+
+import drift
+
+# (global shape, grid): slab and pencil, 2-D to 4-D, even, odd and prime extents, uneven splits.
+LAYOUTS = [
+    ((8, 6), (1, 1)),
+    ((5, 6, 7), (1, 1, 1)),
+    ((9, 10), (2, 1)),
+    ((10, 9), (1, 2)),
+    ((12, 7, 5), (2, 1, 1)),
+    ((7, 11, 6), (1, 1, 2)),
+    ((5, 6, 4, 7), (2, 1, 1, 1)),
+    ((11, 8), (3, 1)),
+    ((10, 13, 6), (1, 3, 1)),
+    ((7, 6, 5, 9), (1, 1, 1, 3)),
+    ((23, 12), (4, 1)),
+    ((13, 9), (1, 4)),
+    ((11, 13, 6), (2, 2, 1)),
+    ((9, 7, 10), (1, 2, 2)),
+    ((8, 8, 8), (4, 1, 1)),
+    ((6, 5, 7, 8), (2, 1, 2, 1)),
+    ((5, 6, 7, 6), (1, 1, 2, 2)),
+]
+KINDS = ("c2c", "r2c", "dct2")
+BATCHES = ((), (2,), (2, 3))
+
+
+def _cases():
+    cases = []
+    for (shape, grid), kind, dtype in itertools.product(LAYOUTS, KINDS, (torch.float64, torch.float32)):
+        i = len(cases)
+        norms = ("backward", "ortho") if kind == "dct2" else ("backward", "ortho", "forward")
+        cases.append((shape, grid, kind, dtype, norms[i % len(norms)], BATCHES[i % 3]))
+    return cases
+
+
+def _case_id(case):
+    shape, grid, kind, dtype, norm, batch = case
+    dims = "x".join(map(str, shape))
+    return f"{dims}-grid{'x'.join(map(str, grid))}-{kind}-{str(dtype)[6:]}-{norm}-b{len(batch)}"
+
+
+def _random(shape, dtype, seed, complex_=False):
+    g = torch.Generator().manual_seed(seed)
+    if complex_:
+        return torch.complex(
+            torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype)
+        )
+    return torch.randn(shape, generator=g, dtype=dtype)
+
+
+def reference(x: torch.Tensor, d: int, kind: str, norm: str) -> torch.Tensor:
+    """The single-process transform of the last d dims (x in float64 or complex128)."""
+    dims = tuple(range(-d, 0))
+    if kind == "c2c":
+        return torch.fft.fftn(x, dim=dims, norm=norm)
+    if kind == "r2c":
+        return torch.fft.rfftn(x, dim=dims, norm=norm)
+    return torch.from_numpy(scipy.fft.dctn(x.numpy(), type=2, axes=dims, norm=norm))
+
+
+def _check_values(shape, grid, kind, dtype, norm, batch):
+    rank, device = dist.get_rank(), device_for(dist.get_rank())
+    plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=dtype, norm=norm, device=device)
+    x = _random((*batch, *shape), dtype, 1, complex_=kind == "c2c")
+    wide = x.to(torch.complex128 if kind == "c2c" else torch.float64)
+    ref = reference(wide, len(shape), kind, norm)[(..., *plan.output_slices(rank))]
+    x_local = drift.scatter(x.to(device), grid)
+    with drift.comm_log() as log:
+        y = plan.forward(x_local)
+        back = plan.inverse(y)
+    assert y.shape == ref.shape and y.dtype == (plan.dtype if kind == "dct2" else plan.complex_dtype)
+    assert rel_err(y, ref) <= TOL[dtype], rel_err(y, ref)
+    assert back.shape == x_local.shape and back.dtype == x_local.dtype
+    assert rel_err(back, x_local) <= TOL[dtype], rel_err(back, x_local)
+    assert set(log.kinds()) <= {"all_to_all"}
+    return len(log.calls), plan.output_slices(rank)
+
+
+@pytest.mark.parametrize("case", _cases(), ids=_case_id)
+def test_values_and_roundtrip(ranks, case):
+    shape, grid, kind = case[:3]
+    size = math.prod(grid)
+    results = ranks.run(size, _check_values, *case)
+    # The output blocks tile the output shape exactly.
+    plan_shape = (*shape[:-1], shape[-1] // 2 + 1) if kind == "r2c" else shape
+    count = torch.zeros(plan_shape, dtype=torch.int64)
+    for _, slices in results:
+        count[slices] += 1
+    assert bool((count == 1).all())
+    # One all-to-all per transpose and direction: none on one rank, 1 or 2 each way on slab or pencil grids.
+    split = sum(p > 1 for p in grid)
+    pre = 1 if kind == "r2c" and grid[-1] > 1 else 0
+    assert {calls for calls, _ in results} == {2 * (split + pre)}
+
+
+def _loss(out, seed):
+    real = torch.view_as_real(out) if out.is_complex() else out
+    return (real * _random(real.shape, torch.float64, seed).to(real.device)).sum()
+
+
+def _differentiable(shape, kind, norm, inverse):
+    """The single-process transform with torch autograd (DCTs through drift.dct, checked against scipy)."""
+    dims = tuple(range(-len(shape), 0))
+    if kind == "dct2":
+
+        def dct(t):
+            for dim in dims:
+                t = (drift.dct.idct2 if inverse else drift.dct.dct2)(t, dim, norm)
+            return t
+
+        return dct
+    if kind == "r2c":
+        if inverse:
+            return lambda t: torch.fft.irfftn(t, s=shape, dim=dims, norm=norm)
+        return lambda t: torch.fft.rfftn(t, dim=dims, norm=norm)
+    return lambda t: (torch.fft.ifftn if inverse else torch.fft.fftn)(t, dim=dims, norm=norm)
+
+
+def _check_gradients(shape, grid, kind, norm):
+    """Each rank's gradient equals single-process autograd of the sum of every rank's loss."""
+    rank, size, device = dist.get_rank(), dist.get_world_size(), device_for(dist.get_rank())
+    plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=torch.float64, norm=norm, device=device)
+    in_blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
+    out_blocks = [plan.output_slices(r) for r in range(size)]
+    x = _random((2, *shape), torch.float64, 3, complex_=kind == "c2c")
+    y = _random((2, *plan.output_shape), torch.float64, 4, complex_=kind != "dct2")
+    for name, run, run_single, inp, mine, theirs in (
+        ("forward", plan.forward, _differentiable(shape, kind, norm, False), x, in_blocks[rank], out_blocks),
+        ("inverse", plan.inverse, _differentiable(shape, kind, norm, True), y, out_blocks[rank], in_blocks),
+    ):
+        local = inp[(..., *mine)].to(device).requires_grad_(True)
+        _loss(run(local), 100 + rank).backward()
+        full = inp.clone().requires_grad_(True)
+        out = run_single(full)
+        sum(_loss(out[(..., *b)], 100 + r) for r, b in enumerate(theirs)).backward()
+        err = rel_err(local.grad, full.grad[(..., *mine)])
+        assert err <= 1e-12, (name, err)
+
+
+GRADIENT_CASES = [
+    ((9, 10), (2, 1), "c2c", "ortho"),
+    ((10, 9), (1, 2), "r2c", "backward"),
+    ((7, 8, 6), (3, 1, 1), "dct2", "ortho"),
+    ((7, 8, 6), (2, 2, 1), "r2c", "forward"),
+    ((5, 6, 4, 7), (1, 2, 1, 2), "c2c", "backward"),
+    ((6, 5, 7), (1, 2, 2), "dct2", "backward"),
+]
+
+
+@pytest.mark.parametrize("case", GRADIENT_CASES, ids=lambda c: f"{c[2]}-grid{'x'.join(map(str, c[1]))}")
+def test_gradients_follow_sum_convention(ranks, case):
+    ranks.run(math.prod(case[1]), _check_gradients, *case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck_one_rank(kind):
+    plan = drift.DistributedFFT((5, 4, 6), (1, 1, 1), kind=kind, dtype=torch.float64, norm="ortho")
+    x = _random((2, 5, 4, 6), torch.float64, 5, complex_=kind == "c2c").requires_grad_(True)
+    y = _random((2, *plan.output_shape), torch.float64, 6, complex_=kind != "dct2").requires_grad_(True)
+    assert torch.autograd.gradcheck(plan.forward, (x,))
+    assert torch.autograd.gradcheck(plan.inverse, (y,))
+
+
+def test_bad_plans():
+    cases = [
+        (dict(global_shape=(8, 8), grid=(2, 1)), "has 2 ranks but the process group has 1"),
+        (dict(global_shape=(8, 8), grid=(1, 1), kind="c2r"), "kind must be one of"),
+        (dict(global_shape=(8, 8), grid=(1, 1), dtype=torch.complex64), "dtype must be"),
+        (dict(global_shape=(8, 8), grid=(1, 1), dtype=torch.int32), "dtype must be"),
+        (dict(global_shape=(8, 8), grid=(1, 1), kind="dct2", norm="forward"), "norm for kind 'dct2'"),
+        (dict(global_shape=(8, 1), grid=(1, 2)), "exceeds its extent"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            drift.DistributedFFT(**kwargs)
+
+
+def test_bad_inputs_raise_plan_error():
+    c2c = drift.DistributedFFT((8, 6), (1, 1))
+    r2c = drift.DistributedFFT((8, 6), (1, 1), kind="r2c")
+    dct2 = drift.DistributedFFT((8, 6), (1, 1), kind="dct2")
+    real, cplx = torch.randn(8, 6), torch.randn(8, 6, dtype=torch.complex64)
+    bad = [
+        (c2c.forward, real, "forward input on rank 0 expected dtype torch.complex64"),
+        (c2c.forward, cplx.to(torch.complex128), "expected dtype torch.complex64"),
+        (
+            c2c.forward,
+            torch.randn(8, 5, dtype=torch.complex64),
+            r"expected shape \(\*batch, 8, 6\), got \(8, 5\)",
+        ),
+        (r2c.forward, cplx, "expected dtype torch.float32"),
+        (r2c.inverse, torch.randn(8, 6, dtype=torch.complex64), r"inverse input .* got \(8, 6\)"),
+        (r2c.inverse, torch.randn(8, 4), "expected dtype torch.complex64"),
+        (dct2.forward, real.double(), "expected dtype torch.float32"),
+        (dct2.inverse, cplx, "expected dtype torch.float32"),
+        (dct2.forward, real.to("meta"), "on cpu, got torch.float32 on meta"),
+    ]
+    for fn, x, match in bad:
+        with pytest.raises(drift.PlanError, match=match):
+            fn(x)
+
+
+def _bad_grids():
+    errors = []
+    for shape, grid in [((8, 8), (2, 2)), ((8, 8), (8, 1)), ((2, 8), (4, 1)), ((8, 3), (1, 4))]:
+        try:
+            drift.DistributedFFT(shape, grid, kind="r2c")
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def test_bad_grids_fail_before_any_collective(ranks):
+    for errors in ranks.run(4, _bad_grids):
+        assert "splits every dim" in errors[0]
+        assert "has 8 ranks but the process group has 4" in errors[1]
+        assert "exceeds its extent" in errors[2] and "exceeds its extent" in errors[3]
+
+
+def _r2c_half_spectrum_too_short():
+    # 4 ranks split dim 0 of (8, 4): the half spectrum of the last dim has 3 entries, too few for 4 ranks.
+    with pytest.raises(ValueError, match="cannot be transposed"):
+        drift.DistributedFFT((8, 4), (4, 1), kind="r2c")
+    return drift.DistributedFFT((8, 4), (4, 1), kind="c2c").output_slices(dist.get_rank())
+
+
+def test_transpose_that_does_not_fit_is_an_error(ranks):
+    assert ranks.run(4, _r2c_half_spectrum_too_short) == [(slice(0, 8), slice(r, r + 1)) for r in range(4)]
+
+
+def _one_bad_rank(timeout_s):
+    rank = dist.get_rank()
+    group = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+    plan = drift.DistributedFFT((12, 10, 6), (1, 1, dist.get_world_size()), kind="r2c", group=group)
+    x = torch.randn(*plan.local_shape)
+    if rank == 0:
+        x = x.double()
+    start = time.monotonic()
+    try:
+        plan.forward(x)
+    except Exception as exc:  # the test inspects which error each rank saw
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return None, "", time.monotonic() - start
+
+
+def test_one_bad_rank_fails_all_within_the_group_timeout():
+    with RankPool(3) as pool:
+        results = pool.run(_one_bad_rank, 2.0, timeout=60)
+    kind, message, elapsed = results[0]
+    assert kind == "PlanError" and "expected dtype torch.float32" in message and elapsed < 1.0
+    for kind, _, elapsed in results[1:]:
+        assert kind is not None, "a rank finished a transpose its peer never joined"
+        assert elapsed < 30.0, elapsed
