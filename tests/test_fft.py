@@ -267,3 +267,64 @@ def test_one_bad_rank_fails_all_within_the_group_timeout():
     for kind, _, elapsed in results[1:]:
         assert kind is not None, "a rank finished a transpose its peer never joined"
         assert elapsed < 30.0, elapsed
+
+
+INPLACE_LAYOUTS = [
+    ((8, 6), (1, 1), ()),
+    ((8, 12), (2, 1), (2,)),
+    ((12, 8, 6), (3, 1, 1), ()),
+    ((8, 4, 12), (1, 1, 4), (3,)),
+    ((8, 12, 6), (2, 2, 1), ()),
+    ((6, 8, 4, 6), (1, 2, 1, 2), (2,)),
+]
+
+
+def _check_inplace(shape, grid, batch, dtype, norm, staging_bytes):
+    rank, device = dist.get_rank(), device_for(dist.get_rank())
+    plan = drift.DistributedFFT(shape, grid, dtype=dtype, norm=norm, device=device, inplace=True)
+    plan.staging_bytes = staging_bytes
+    x = _random((*batch, *shape), dtype, 9, complex_=True)
+    ref = reference(x.to(torch.complex128), len(shape), "c2c", norm)[(..., *plan.output_slices(rank))]
+    x_local = drift.scatter(x.to(device), grid)
+    storage = x_local.data_ptr()
+    with drift.comm_log() as log:
+        y = plan.forward(x_local)
+    assert y.data_ptr() == storage, "the output must live in the input's storage"
+    assert rel_err(y, ref) <= TOL[dtype], rel_err(y, ref)
+    assert set(log.kinds()) <= {"sendrecv"}
+    # Every chunk of every exchange fits the staging bound.
+    assert all(c.bytes <= staging_bytes for c in log.calls)
+    back = plan.inverse(y)
+    assert back.data_ptr() == storage and back.shape == drift.scatter(x, grid).shape
+    assert rel_err(back, drift.scatter(x.to(device), grid)) <= TOL[dtype]
+    return len(log.calls)
+
+
+@pytest.mark.parametrize(("shape", "grid", "batch"), INPLACE_LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_inplace_matches_and_reuses_the_storage(ranks, shape, grid, batch, dtype):
+    norm = "ortho" if dtype == torch.float64 else "backward"
+    calls = ranks.run(math.prod(grid), _check_inplace, shape, grid, batch, dtype, norm, 256)
+    if math.prod(grid) > 1:
+        assert min(calls) > 0
+
+
+def test_inplace_rejects_what_it_cannot_do():
+    with pytest.raises(ValueError, match="kind 'r2c' is not supported"):
+        drift.DistributedFFT((8, 8), (1, 1), kind="r2c", inplace=True)
+    plan = drift.DistributedFFT((8, 6), (1, 1), inplace=True, dtype=torch.float64)
+    x = torch.randn(8, 6, dtype=torch.complex128)
+    with pytest.raises(drift.PlanError, match="contiguous"):
+        plan.forward(x.t().contiguous().t())
+    with pytest.raises(drift.PlanError, match="does not record autograd"):
+        plan.forward(x.clone().requires_grad_(True))
+
+
+def _uneven_inplace():
+    with pytest.raises(ValueError, match="split evenly"):
+        drift.DistributedFFT((9, 8), (3, 1), inplace=True)
+    return True
+
+
+def test_inplace_needs_even_splits(ranks):
+    assert ranks.run(3, _uneven_inplace) == [True] * 3

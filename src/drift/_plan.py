@@ -52,3 +52,25 @@ def check_input(
             f"{what} on rank {rank} expected dtype {dtype} on {device}, got {t.dtype} on {t.device}"
         )
     return t.to(device=device, dtype=dtype)
+
+
+class Workspace:
+    """Resident work buffers for the passes that autograd does not record, one per (stage, role).
+
+    Reusing them spares the page faults of fresh multi-gigabyte allocations on every call; a buffer is
+    replaced when the batch size changes. Buffers are ordinary tensors even when first made under
+    ``torch.inference_mode``, so later calls outside it can still write them.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            self._buffers.pop(key, None)
+            with torch.inference_mode(False):
+                buf = torch.empty(shape, dtype=dtype, device=self.device)
+            self._buffers[key] = buf
+        return buf

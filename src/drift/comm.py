@@ -155,9 +155,9 @@ def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group, out=None) -> torch.Tensor:
     size = world_size(group)
-    out = x.new_empty(sum(recv))
+    out = x.new_empty(sum(recv)) if out is None else out
     if size == 1:
         return out.copy_(x)
     x = x.contiguous()
@@ -169,6 +169,19 @@ def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group) -> tor
     else:
         dist.all_to_all_single(out, x, recv, send, group=group)
     return out
+
+
+def sendrecv(send: torch.Tensor, recv: torch.Tensor, peer: int, *, group=None) -> None:
+    """Send ``send`` to rank ``peer`` of ``group`` and receive ``recv`` from it (both contiguous).
+
+    The pairwise exchange of the in-place transposes; not differentiable.
+    """
+    n = send.numel() * send.element_size()
+    _record("sendrecv", n, n, world_size(group))
+    dst = dist.get_global_rank(group, peer) if group is not None else peer
+    ops = [dist.P2POp(dist.isend, _real(send), dst, group), dist.P2POp(dist.irecv, _real(recv), dst, group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
 
 
 class _AllToAll(torch.autograd.Function):
@@ -231,12 +244,17 @@ def reduce_scatter(x: torch.Tensor, *, group=None) -> torch.Tensor:
     return _ReduceScatter.apply(x, group)
 
 
-def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], *, group=None) -> torch.Tensor:
+def all_to_all(
+    x: torch.Tensor, send: list[int], recv: list[int], *, group=None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Exchange pieces of a flat tensor: ``send[q]`` elements of ``x`` (in rank order) go to rank q,
     and ``recv[q]`` elements from rank q fill the returned flat tensor in rank order.
 
-    Differentiable (adjoint: the reverse exchange).
+    Differentiable (adjoint: the reverse exchange), unless ``out`` is given: then the result is
+    written into ``out`` (a flat buffer of ``sum(recv)`` elements) outside autograd.
     """
+    if out is not None:
+        return _all_to_all(x, list(send), list(recv), group, out)
     return _AllToAll.apply(x, list(send), list(recv), group)
 
 

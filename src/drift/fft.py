@@ -14,13 +14,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy
 import torch
 
 from drift import comm, dct
-from drift._plan import check_input, complex_dtype, resolve_device
+from drift._plan import Workspace, check_input, complex_dtype, resolve_device
 from drift.decomposition import block_sizes, block_slice, check_grid, grid_coords, grid_rank, local_slices
+from drift.errors import PlanError
 
 KINDS = ("c2c", "r2c", "dct2")
+STAGING_BYTES = 64 * 2**20  # the in-place mode's bound on any temporary buffer
 
 
 @dataclass(frozen=True)
@@ -52,26 +55,136 @@ class _Transpose:
         )
 
 
-def _exchange(t: torch.Tensor, step: _Transpose) -> torch.Tensor:
-    """One transpose of a ``(b, ...)`` block: pack per destination, all-to-all, unpack."""
+def _even(step: _Transpose) -> bool:
+    return len(set(step.gather_sizes)) == 1 and len(set(step.scatter_sizes)) == 1
+
+
+def _exchange(t: torch.Tensor, step: _Transpose, work: Workspace | None, key: tuple) -> torch.Tensor:
+    """One transpose of a ``(b, ...)`` block: pack per destination, all-to-all, unpack.
+
+    Packing is free when the scattered dim is the outermost non-trivial one (its pieces are already
+    contiguous), unpacking when the gathered dim is; intermediates go to ``work`` when it is given.
+    """
     gather, scatter = step.gather + 1, step.scatter + 1
     me = step.coord
-    offsets = [sum(step.scatter_sizes[:q]) for q in range(len(step.scatter_sizes))]
-    pieces = [t.narrow(scatter, off, n) for off, n in zip(offsets, step.scatter_sizes, strict=True)]
+    pieces = t.split(list(step.scatter_sizes), dim=scatter)
     send_counts = [p.numel() for p in pieces]
-    send = t.new_empty(sum(send_counts))
-    start = 0
-    for piece, n in zip(pieces, send_counts, strict=True):
-        send[start : start + n].view(piece.shape).copy_(piece)
-        start += n
+    if math.prod(t.shape[:scatter]) == 1:
+        send = t.reshape(-1)
+    else:
+        send = t.new_empty(t.numel()) if work is None else work.get((*key, "send"), (t.numel(),), t.dtype)
+        start = 0
+        for piece in pieces:  # narrow, not split: autograd allows in-place writes into single views
+            send.narrow(0, start, piece.numel()).view(piece.shape).copy_(piece)
+            start += piece.numel()
     shapes = []
     for size in step.gather_sizes:
         shape = list(t.shape)
         shape[gather], shape[scatter] = size, step.scatter_sizes[me]
         shapes.append(shape)
     recv_counts = [math.prod(s) for s in shapes]
-    recv = comm.all_to_all(send, send_counts, recv_counts, group=step.group)
-    return torch.cat([p.view(s) for p, s in zip(recv.split(recv_counts), shapes, strict=True)], dim=gather)
+    total = sum(recv_counts)
+    out_shape = list(shapes[0])
+    out_shape[gather] = sum(step.gather_sizes)
+    if work is None:
+        recv = comm.all_to_all(send, send_counts, recv_counts, group=step.group)
+    else:
+        buf = work.get((*key, "recv"), (total,), t.dtype)
+        recv = comm.all_to_all(send, send_counts, recv_counts, group=step.group, out=buf)
+    if math.prod(out_shape[:gather]) == 1:
+        return recv.view(out_shape)
+    blocks = [p.view(s) for p, s in zip(recv.split(recv_counts), shapes, strict=True)]
+    if work is None:
+        return torch.cat(blocks, dim=gather)
+    return torch.cat(blocks, dim=gather, out=work.get((*key, "out"), tuple(out_shape), t.dtype))
+
+
+def _pairing(rank: int, size: int) -> list[int | None]:
+    """``rank``'s partner in each round of a round-robin tournament over ``size`` ranks: every pair
+    meets exactly once, each rank meets at most one partner per round (None: idle, for odd sizes)."""
+    n = size + size % 2
+    partners: list[int | None] = []
+    for r in range(n - 1):
+        # Seat n - 1 stays and meets seat r; the others pair up mirrored around r.
+        partner = r + n - 1 - rank if rank in (r, n - 1) else (2 * r - rank) % (n - 1)
+        partners.append(partner if partner < size else None)
+    return partners
+
+
+def _transpose_blocks(flat: torch.Tensor, rows: int, cols: int) -> None:
+    """In place: ``flat`` viewed ``(rows, cols, e)`` becomes ``(cols, rows, e)``.
+
+    Follows the cycles of the permutation with one element (``e`` values) of staging.
+    """
+    if rows == 1 or cols == 1:
+        return
+    n = rows * cols
+    blocks = flat.view(n, -1)
+    staging = blocks.new_empty(blocks.shape[1])
+    moved = numpy.zeros(n, dtype=bool)
+    for start in range(1, n - 1):
+        if moved[start]:
+            continue
+        staging.copy_(blocks[start])
+        pos = start
+        while True:
+            moved[pos] = True
+            src = (pos % rows) * cols + pos // rows  # the element that belongs at pos
+            if src == start:
+                blocks[pos].copy_(staging)
+                break
+            blocks[pos].copy_(blocks[src])
+            pos = src
+
+
+def _exchange_inplace(t: torch.Tensor, step: _Transpose, staging: int) -> torch.Tensor:
+    """The transpose of ``_exchange`` in the storage of the contiguous block ``t`` (equal splits).
+
+    Blocks are reordered by destination in place, swapped pairwise with each peer through at most
+    ``staging`` elements of buffer, and reordered into the output layout in place.
+    """
+    gather, scatter = step.gather + 1, step.scatter + 1
+    parts = len(step.gather_sizes)
+    shape = list(t.shape)
+    flat = t.view(-1)
+    lo, hi = min(gather, scatter), max(gather, scatter)
+    lead, mid = math.prod(shape[:lo]), math.prod(shape[lo + 1 : hi])
+    if gather < scatter:  # (L, n_g, M, P, n_s, R) -> (P, L, n_g, M, n_s, R)
+        _transpose_blocks(flat, lead * shape[gather] * mid, parts)
+    else:  # (L, P, n_s, M, n_g, R) -> (P, L, n_s, M, n_g, R)
+        _transpose_blocks(flat, lead, parts)
+    slots = flat.view(parts, -1)
+    buffer = flat.new_empty(min(staging, slots.shape[1]))
+    for peer in _pairing(step.coord, parts):
+        if peer is None:
+            continue
+        for start in range(0, slots.shape[1], buffer.numel()):
+            chunk = slots[peer, start : start + buffer.numel()]
+            comm.sendrecv(chunk, buffer[: chunk.numel()], peer, group=step.group)
+            chunk.copy_(buffer[: chunk.numel()])
+    if gather < scatter:  # (P, L, n_g M n_s R) -> (L, P, n_g, M, n_s, R)
+        _transpose_blocks(flat, parts, lead)
+    else:  # (P, L n_s M, n_g R) -> (L, n_s, M, P, n_g, R)
+        _transpose_blocks(flat, parts, lead * step.scatter_sizes[0] * mid)
+    shape[gather], shape[scatter] = sum(step.gather_sizes), step.scatter_sizes[step.coord]
+    return flat.view(shape)
+
+
+def _fft_inplace(t: torch.Tensor, dims: tuple[int, ...], inverse: bool, norm: str, staging: int) -> None:
+    """c2c transforms of ``dims`` of ``t`` in place, one dim at a time, in chunks of at most
+    ``staging`` elements along another dim (a single slice when no other dim can be chunked)."""
+    fft = torch.fft.ifft if inverse else torch.fft.fft
+    for dim in dims:
+        others = [a for a in range(t.dim()) if a != dim and t.shape[a] > 1]
+        if not others:
+            t.copy_(fft(t, dim=dim, norm=norm))
+            continue
+        along = others[0]
+        per = t.numel() // t.shape[along]
+        width = max(1, staging // per)
+        for start in range(0, t.shape[along], width):
+            chunk = t.narrow(along, start, min(width, t.shape[along] - start))
+            chunk.copy_(fft(chunk, dim=dim, norm=norm))
 
 
 class DistributedFFT:
@@ -128,6 +241,20 @@ class DistributedFFT:
         self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
         self._steps, self._output_axes = self._schedule()
         self.output_local_shape = tuple(s.stop - s.start for s in self.output_slices(self.rank))
+        self._workspace = Workspace(self.device)
+        self.staging_bytes = STAGING_BYTES
+        if inplace:
+            if kind != "c2c":
+                raise ValueError(
+                    f"inplace=True transforms c2c in the input's storage; kind {kind!r} is not supported"
+                )
+            uneven = [st for st in self._steps if isinstance(st, _Transpose) and not _even(st)]
+            if uneven:
+                raise ValueError(
+                    f"inplace=True needs the transposed dims to split evenly over their ranks; "
+                    f"dims {uneven[0].gather} and {uneven[0].scatter} of {self.global_shape} do not over "
+                    f"{len(uneven[0].gather_sizes)} ranks"
+                )
 
     def __repr__(self) -> str:
         return (
@@ -212,6 +339,38 @@ class DistributedFFT:
             return torch.fft.rfftn(t, dim=dims, norm=self.norm)
         return (torch.fft.ifftn if inverse else torch.fft.fftn)(t, dim=dims, norm=self.norm)
 
+    def _run(self, t: torch.Tensor, inverse: bool) -> torch.Tensor:
+        """The steps in order (backwards for the inverse). Unless autograd records the pass, the
+        transposes stage through the plan's resident workspace; the last step returns a fresh tensor."""
+        work = None if torch.is_grad_enabled() and t.requires_grad else self._workspace
+        first_local = next(i for i, step in enumerate(self._steps) if isinstance(step, _Local))
+        order = range(len(self._steps) - 1, -1, -1) if inverse else range(len(self._steps))
+        last = order[-1]
+        for i in order:
+            step = self._steps[i]
+            if isinstance(step, _Local):
+                t = self._transform(t, step, i == first_local, inverse)
+            else:
+                step = step.reversed() if inverse else step
+                t = _exchange(t, step, work if i != last else None, ("inverse" if inverse else "forward", i))
+        return t
+
+    def _run_inplace(self, t: torch.Tensor, what: str, shape: tuple[int, ...], inverse: bool) -> torch.Tensor:
+        """The steps in the storage of ``t``; returns a view of that storage in the output shape."""
+        if not t.is_contiguous():
+            raise PlanError(f"{what} on rank {self.rank}: inplace=True needs a contiguous tensor")
+        if torch.is_grad_enabled() and t.requires_grad:
+            raise PlanError(f"{what} on rank {self.rank}: inplace=True does not record autograd")
+        staging = max(1, self.staging_bytes // t.element_size())
+        t = t.view(-1, *shape)
+        steps = reversed(self._steps) if inverse else self._steps
+        for step in steps:
+            if isinstance(step, _Local):
+                _fft_inplace(t, tuple(i + 1 for i in step.dims), inverse, self.norm, staging)
+            else:
+                t = _exchange_inplace(t, step.reversed() if inverse else step, staging)
+        return t
+
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
         """This rank's block (``output_slices(rank)``) of the global transform.
 
@@ -220,15 +379,11 @@ class DistributedFFT:
         """
         x_local = self._check(x_local, "forward input", self.local_shape, complex_input=self.kind == "c2c")
         batch = x_local.shape[: x_local.dim() - len(self.global_shape)]
-        t = x_local.reshape(-1, *self.local_shape)
-        first = True
-        for step in self._steps:
-            if isinstance(step, _Transpose):
-                t = _exchange(t, step)
-            else:
-                t = self._transform(t, step, first, inverse=False)
-                first = False
-        return t.reshape(*batch, *self.output_local_shape)
+        if self.inplace:
+            out = self._run_inplace(x_local, "forward input", self.local_shape, inverse=False)
+        else:
+            out = self._run(x_local.reshape(-1, *self.local_shape), inverse=False)
+        return out.reshape(*batch, *self.output_local_shape)
 
     def inverse(self, y_local: torch.Tensor) -> torch.Tensor:
         """The input block back from this rank's output block: ifftn, irfftn or the DCT-III.
@@ -239,14 +394,10 @@ class DistributedFFT:
             y_local, "inverse input", self.output_local_shape, complex_input=self.kind != "dct2"
         )
         batch = y_local.shape[: y_local.dim() - len(self.global_shape)]
-        t = y_local.reshape(-1, *self.output_local_shape)
-        first_local = next(i for i, step in enumerate(self._steps) if isinstance(step, _Local))
-        for i in reversed(range(len(self._steps))):
-            step = self._steps[i]
-            if isinstance(step, _Transpose):
-                t = _exchange(t, step.reversed())
-            else:
-                t = self._transform(t, step, i == first_local, inverse=True)
-        return t.reshape(*batch, *self.local_shape)
+        if self.inplace:
+            out = self._run_inplace(y_local, "inverse input", self.output_local_shape, inverse=True)
+        else:
+            out = self._run(y_local.reshape(-1, *self.output_local_shape), inverse=True)
+        return out.reshape(*batch, *self.local_shape)
 
     __call__ = forward

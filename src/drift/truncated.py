@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from drift import comm
-from drift._plan import check_input, complex_dtype, resolve_device
+from drift._plan import Workspace, check_input, complex_dtype, resolve_device
 from drift.decomposition import block_slice, check_grid, local_slices
 
 _NORMS = ("backward", "ortho", "forward")
@@ -113,29 +113,7 @@ class _Stage:
     out: int
 
 
-class _Workspace:
-    """Resident work buffers for the passes that autograd does not record, one per (stage, role).
-
-    Reusing them spares the page faults of fresh multi-gigabyte allocations on every call; a buffer is
-    replaced when the batch size changes. Buffers are ordinary tensors even when first made under
-    ``torch.inference_mode``, so later calls outside it can still write them.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._buffers: dict[tuple, torch.Tensor] = {}
-
-    def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        buf = self._buffers.get(key)
-        if buf is None or buf.shape != shape or buf.dtype != dtype:
-            self._buffers.pop(key, None)
-            with torch.inference_mode(False):
-                buf = torch.empty(shape, dtype=dtype, device=self.device)
-            self._buffers[key] = buf
-        return buf
-
-
-def _apply(t: torch.Tensor, stage: _Stage, work: _Workspace | None, key: tuple) -> torch.Tensor:
+def _apply(t: torch.Tensor, stage: _Stage, work: Workspace | None, key: tuple) -> torch.Tensor:
     """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work`` when it is given."""
 
     def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
@@ -239,7 +217,7 @@ class TruncatedFFT:
         self.order, self.flops = best_order(self.local_shape, self.mode_shape, real)
         self._forward_stages = self._build_forward()
         self._inverse_stages = self._build_inverse()
-        self._workspace = _Workspace(self.device)
+        self._workspace = Workspace(self.device)
 
     def __repr__(self) -> str:
         return (
