@@ -30,7 +30,7 @@ ref = torch.fft.rfftn(x, dim=(-3, -2, -1))[:, plan.modes[0]][:, :, plan.modes[1]
 err = (xhat - ref).norm() / ref.norm()
 y = drift.gather(y_local, shape, grid)
 if rank == 0:
-    print(f"P={size} order={plan.order} local FLOPs={plan.flops:.3g} relative error={err:.1e}")
+    print(f"P={size} order={plan.order} local FLOPs={plan.flops:.3g}, relative error {err:.1e}")
     print("collectives:", [(c.kind, c.bytes) for c in log.calls], "output", tuple(y.shape))
 if dist.is_initialized():
     dist.destroy_process_group()

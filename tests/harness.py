@@ -34,6 +34,34 @@ def device_for(rank: int = 0) -> torch.device:
     return torch.device(kind)
 
 
+def attempt(fn, *args) -> tuple[str | None, str, float]:
+    """Call ``fn(*args)``: the name and message of what it raised (None, "" if nothing) and the seconds it
+    took. For cases that check which error each rank saw, and how soon."""
+    start = time.monotonic()
+    try:
+        fn(*args)
+    except Exception as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return None, "", time.monotonic() - start
+
+
+def short_timeout_group(seconds: float):
+    """A new group of every rank whose collectives time out after ``seconds`` (call on every rank)."""
+    import torch.distributed as dist
+
+    return dist.new_group(timeout=datetime.timedelta(seconds=seconds))
+
+
+def check_one_bad_rank(results: list, error: str, match: str) -> None:
+    """Rank 0 failed its own check at once with ``error`` naming ``match``; every other rank failed in
+    the collective it entered alone, within the group's timeout, instead of waiting for ever."""
+    kind, message, elapsed = results[0]
+    assert kind == error and match in message and elapsed < 1.0, results[0]
+    for kind, _, elapsed in results[1:]:
+        assert kind is not None, "a rank finished a collective its peer never joined"
+        assert elapsed < 30.0, elapsed
+
+
 class RankFailure(AssertionError):
     """A case failed on one or more ranks, or did not finish in time."""
 
@@ -118,9 +146,7 @@ class RankPool:
             # After the first failure the others get a short grace: they may be stuck in a collective.
             failed = any(status != "ok" for status, _ in results.values())
             wait = min(deadline, time.monotonic() + 2.0) if failed else deadline
-            ready = multiprocessing.connection.wait(
-                list(pending.values()), timeout=max(0.0, wait - time.monotonic())
-            )
+            ready = multiprocessing.connection.wait(list(pending.values()), timeout=max(0.0, wait - time.monotonic()))
             if not ready:
                 break
             for rank in [r for r, c in pending.items() if c in ready]:

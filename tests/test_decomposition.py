@@ -9,9 +9,7 @@ import drift
 from drift.decomposition import block_sizes, block_slice, check_grid, grid_coords
 
 
-@pytest.mark.parametrize(
-    ("n", "parts"), [(n, p) for n in (1, 2, 7, 10, 13, 64) for p in (1, 2, 3, 4, 5) if p <= n]
-)
+@pytest.mark.parametrize(("n", "parts"), [(n, p) for n in (1, 2, 7, 10, 13, 64) for p in (1, 2, 3, 4, 5) if p <= n])
 def test_blocks_follow_tensor_split(n, parts):
     chunks = torch.arange(n).tensor_split(parts)
     assert block_sizes(n, parts) == [len(c) for c in chunks]
@@ -91,6 +89,4 @@ def _scatter_gather(shape, grid, batch):
 def test_scatter_gather_roundtrip(ranks, shape, grid, batch):
     size = math.prod(grid)
     blocks = ranks.run(size, _scatter_gather, shape, grid, batch)
-    assert blocks == [
-        (*batch, *(s.stop - s.start for s in drift.local_slices(shape, grid, r))) for r in range(size)
-    ]
+    assert blocks == [(*batch, *(s.stop - s.start for s in drift.local_slices(shape, grid, r))) for r in range(size)]

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import math
-import time
 
 import pytest
 import scipy.fft
 import torch
 import torch.distributed as dist
-from harness import RankPool, device_for
+from harness import RankPool, attempt, check_one_bad_rank, device_for, short_timeout_group
 from reference import TOL, rel_err
 
 import drift
@@ -58,9 +56,7 @@ def _case_id(case):
 def _random(shape, dtype, seed, complex_=False):
     g = torch.Generator().manual_seed(seed)
     if complex_:
-        return torch.complex(
-            torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype)
-        )
+        return torch.complex(torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype))
     return torch.randn(shape, generator=g, dtype=dtype)
 
 
@@ -237,6 +233,9 @@ def _r2c_half_spectrum_too_short():
     # 4 ranks split dim 0 of (8, 4): the half spectrum of the last dim has 3 entries, too few for 4 ranks.
     with pytest.raises(ValueError, match="cannot be transposed"):
         drift.DistributedFFT((8, 4), (4, 1), kind="r2c")
+    # Pruned: after keeping 3 modes of the last dim, 4 ranks cannot split it.
+    with pytest.raises(ValueError, match="cannot be transposed"):
+        drift.DistributedFFT((8, 9), (1, 4), kind="r2c", modes=(2, 3))
     return drift.DistributedFFT((8, 4), (4, 1), kind="c2c").output_slices(dist.get_rank())
 
 
@@ -245,28 +244,16 @@ def test_transpose_that_does_not_fit_is_an_error(ranks):
 
 
 def _one_bad_rank(timeout_s):
-    rank = dist.get_rank()
-    group = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+    """Rank 0 passes a float64 block; the others enter the transpose without it."""
+    group = short_timeout_group(timeout_s)
     plan = drift.DistributedFFT((12, 10, 6), (1, 1, dist.get_world_size()), kind="r2c", group=group)
-    x = torch.randn(*plan.local_shape)
-    if rank == 0:
-        x = x.double()
-    start = time.monotonic()
-    try:
-        plan.forward(x)
-    except Exception as exc:  # the test inspects which error each rank saw
-        return type(exc).__name__, str(exc), time.monotonic() - start
-    return None, "", time.monotonic() - start
+    x = torch.randn(*plan.local_shape, dtype=torch.float64 if dist.get_rank() == 0 else torch.float32)
+    return attempt(plan.forward, x)
 
 
 def test_one_bad_rank_fails_all_within_the_group_timeout():
     with RankPool(3) as pool:
-        results = pool.run(_one_bad_rank, 2.0, timeout=60)
-    kind, message, elapsed = results[0]
-    assert kind == "PlanError" and "expected dtype torch.float32" in message and elapsed < 1.0
-    for kind, _, elapsed in results[1:]:
-        assert kind is not None, "a rank finished a transpose its peer never joined"
-        assert elapsed < 30.0, elapsed
+        check_one_bad_rank(pool.run(_one_bad_rank, 2.0, timeout=60), "PlanError", "expected dtype torch.float32")
 
 
 INPLACE_LAYOUTS = [
@@ -328,3 +315,41 @@ def _uneven_inplace():
 
 def test_inplace_needs_even_splits(ranks):
     assert ranks.run(3, _uneven_inplace) == [True] * 3
+
+
+PRUNED_CASES = [
+    ((12, 10, 7), (2, 1, 1), (3, 2, 3), "r2c"),
+    ((11, 13, 6), (2, 2, 1), (2, [0, 4, -3], 2), "r2c"),
+    ((9, 8, 10), (1, 3, 1), (3, 3, 4), "c2c"),
+    ((8, 9), (1, 4), (2, 4), "r2c"),
+    ((6, 5, 7, 8), (2, 1, 2, 1), (2, 2, 3, 3), "c2c"),
+]
+
+
+def _check_pruned(shape, grid, modes, kind):
+    from reference import truncated_spectrum, zero_filled_inverse
+
+    rank, device = dist.get_rank(), device_for(dist.get_rank())
+    plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=torch.float64, device=device, modes=modes)
+    real = kind == "r2c"
+    x = _random((2, *shape), torch.float64, 11, complex_=not real)
+    spec = truncated_spectrum(x, plan.modes, real, "backward")
+    assert plan.output_shape == spec.shape[1:]
+    with drift.comm_log() as log:
+        y = plan.forward(drift.scatter(x, grid).to(device))
+    assert rel_err(y, spec[(..., *plan.output_slices(rank))]) <= 1e-12
+    xhat = _random(spec.shape, torch.float64, 12, complex_=True)
+    back = plan.inverse(xhat[(..., *plan.output_slices(rank))].to(device))
+    want = zero_filled_inverse(xhat, plan.modes, shape, real, "backward")[(..., *drift.local_slices(shape, grid, rank))]
+    assert rel_err(back, want) <= 1e-12
+    full = drift.DistributedFFT(shape, grid, kind=kind, dtype=torch.float64, device=device)
+    with drift.comm_log() as full_log:
+        full.forward(drift.scatter(x, grid).to(device))
+    return log.bytes, full_log.bytes
+
+
+@pytest.mark.parametrize("case", PRUNED_CASES, ids=lambda c: f"{c[3]}-grid{'x'.join(map(str, c[1]))}")
+def test_pruned_transform_keeps_only_the_modes(ranks, case):
+    shape, grid, modes, kind = case
+    for pruned, full in ranks.run(math.prod(grid), _check_pruned, *case):
+        assert 0 < pruned < full  # the pruned transposes move only kept modes

@@ -41,16 +41,13 @@ def check_input(
     d = len(shape)
     if t.dim() < d or tuple(t.shape[t.dim() - d :]) != shape:
         raise PlanError(
-            f"{what} on rank {rank} expected shape (*batch, {', '.join(map(str, shape))}), "
-            f"got {tuple(t.shape)}"
+            f"{what} on rank {rank} expected shape (*batch, {', '.join(map(str, shape))}), got {tuple(t.shape)}"
         )
     if t.dtype == dtype and t.device == device:
         return t
     same_kind = t.is_complex() == dtype.is_complex and (t.is_floating_point() or t.is_complex())
     if strict or not same_kind:
-        raise PlanError(
-            f"{what} on rank {rank} expected dtype {dtype} on {device}, got {t.dtype} on {t.device}"
-        )
+        raise PlanError(f"{what} on rank {rank} expected dtype {dtype} on {device}, got {t.dtype} on {t.device}")
     return t.to(device=device, dtype=dtype)
 
 

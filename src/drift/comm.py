@@ -195,6 +195,17 @@ class _AllToAll(torch.autograd.Function):
         return _all_to_all(grad, ctx.recv, ctx.send, ctx.group), None, None, None
 
 
+class _Replicate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
 class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -226,6 +237,26 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _reduce_scatter(grad, ctx.group), None
+
+
+def broadcast(x: torch.Tensor, *, src: int = 0, group=None) -> torch.Tensor:
+    """Rank ``src``'s ``x`` on every rank (a new tensor; not differentiable)."""
+    out = x.clone()
+    size = world_size(group)
+    if size > 1:
+        n = out.numel() * out.element_size()
+        _record("broadcast", n, n if rank(group) == src else 0, size)
+        dist.broadcast(_real(out), dist.get_global_rank(group, src) if group is not None else src, group=group)
+    return out
+
+
+def replicate(x: torch.Tensor, *, group=None) -> torch.Tensor:
+    """``x`` unchanged, for a tensor held identically on every rank (a replicated parameter).
+
+    Its backward all-reduces the gradient, so each rank's ``.grad`` is the gradient of the global loss
+    (the sum of every rank's loss), also under gradient accumulation.
+    """
+    return _Replicate.apply(x, group)
 
 
 def all_reduce(x: torch.Tensor, *, group=None) -> torch.Tensor:

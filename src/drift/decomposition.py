@@ -94,9 +94,7 @@ def scatter(x_global: torch.Tensor, grid: Sequence[int], *, group=None) -> torch
     return x_global[(..., *slices)].contiguous()
 
 
-def gather(
-    x_local: torch.Tensor, global_shape: Sequence[int], grid: Sequence[int], *, group=None
-) -> torch.Tensor:
+def gather(x_local: torch.Tensor, global_shape: Sequence[int], grid: Sequence[int], *, group=None) -> torch.Tensor:
     """The full tensor on every rank from every rank's block (for tests and I/O, not the hot path).
 
     ``x_local`` is ``(*batch, n1_loc, ..., nd_loc)``; returns ``(*batch, N1, ..., Nd)``. One
@@ -108,9 +106,7 @@ def gather(
     grid = check_grid(global_shape, grid, size)
     expected = local_shape(global_shape, grid, comm.rank(group))
     if x_local.dim() < d or tuple(x_local.shape[x_local.dim() - d :]) != expected:
-        raise PlanError(
-            f"gather expected a local block ending in {expected}, got shape {tuple(x_local.shape)}"
-        )
+        raise PlanError(f"gather expected a local block ending in {expected}, got shape {tuple(x_local.shape)}")
     batch = tuple(x_local.shape[: x_local.dim() - d])
     if size == 1:
         return x_local.clone()

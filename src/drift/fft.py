@@ -21,6 +21,7 @@ from drift import comm, dct
 from drift._plan import Workspace, check_input, complex_dtype, resolve_device
 from drift.decomposition import block_sizes, block_slice, check_grid, grid_coords, grid_rank, local_slices
 from drift.errors import PlanError
+from drift.truncated import ModeSpec, mode_lists
 
 KINDS = ("c2c", "r2c", "dct2")
 STAGING_BYTES = 64 * 2**20  # the in-place mode's bound on any temporary buffer
@@ -50,9 +51,7 @@ class _Transpose:
     group: object
 
     def reversed(self) -> _Transpose:
-        return _Transpose(
-            self.scatter, self.gather, self.scatter_sizes, self.gather_sizes, self.coord, self.group
-        )
+        return _Transpose(self.scatter, self.gather, self.scatter_sizes, self.gather_sizes, self.coord, self.group)
 
 
 def _even(step: _Transpose) -> bool:
@@ -199,7 +198,11 @@ class DistributedFFT:
             that precision, r2c and dct2 real input.
         device, group, strict: as for ``TruncatedFFT``.
         norm: "backward", "ortho" or "forward" ("backward" or "ortho" for dct2).
-        inplace: low-memory mode (see ``forward``).
+        inplace: low-memory c2c mode: the output overwrites the input's storage and every temporary
+            is bounded by ``plan.staging_bytes``; needs evenly split transposed dims; no autograd.
+        modes: a pruned transform (c2c or r2c, out of place): after each local transform only these
+            modes are kept (as for ``TruncatedFFT``), so the transposes move only kept data;
+            ``output_shape`` is then the mode shape and ``inverse`` zero-fills the dropped modes.
 
     Input blocks follow ``local_slices(global_shape, grid, rank)``; output blocks follow
     ``output_slices(rank)`` inside ``output_shape``.
@@ -217,6 +220,7 @@ class DistributedFFT:
         norm: str = "backward",
         inplace: bool = False,
         strict: bool = True,
+        modes: ModeSpec | Sequence[ModeSpec] | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -236,6 +240,13 @@ class DistributedFFT:
         out = list(self.global_shape)
         if kind == "r2c":
             out[-1] = out[-1] // 2 + 1
+        self.modes = None
+        if modes is not None:
+            if kind == "dct2" or inplace:
+                raise ValueError("modes (a pruned transform) apply to the out-of-place c2c and r2c kinds")
+            self.modes = mode_lists(modes, self.global_shape, kind == "r2c")
+            out = [len(m) for m in self.modes]
+            self._keep = [torch.tensor(m, device=self.device) for m in self.modes]
         self.output_shape = tuple(out)
         self.local_slices = local_slices(self.global_shape, self.grid, self.rank)
         self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
@@ -245,9 +256,7 @@ class DistributedFFT:
         self.staging_bytes = STAGING_BYTES
         if inplace:
             if kind != "c2c":
-                raise ValueError(
-                    f"inplace=True transforms c2c in the input's storage; kind {kind!r} is not supported"
-                )
+                raise ValueError(f"inplace=True transforms c2c in the input's storage; kind {kind!r} is not supported")
             uneven = [st for st in self._steps if isinstance(st, _Transpose) and not _even(st)]
             if uneven:
                 raise ValueError(
@@ -306,8 +315,9 @@ class DistributedFFT:
             local = tuple(i for i in range(d) if axis[i] is None and i not in transformed)
             steps.append(_Local(local, tuple(extents[i] for i in local)))
             transformed.update(local)
-            if self.kind == "r2c":
-                extents[d - 1] = self.output_shape[-1]
+            for i in local:  # what the local transform leaves: the kept modes, or the half spectrum
+                if self.modes or (self.kind == "r2c" and i == d - 1):
+                    extents[i] = self.output_shape[i]
             pending = [i for i in range(d) if i not in transformed]
             if not pending:
                 return steps, tuple(axis)
@@ -329,6 +339,20 @@ class DistributedFFT:
         dims = tuple(i + 1 for i in step.dims)
         if not dims:
             return t
+        if self.modes is None:
+            return self._full_transform(t, step, dims, first, inverse)
+        if not inverse:
+            t = self._full_transform(t, step, dims, first, inverse)
+            for i in step.dims:
+                t = t.index_select(i + 1, self._keep[i])
+            return t
+        for i, n in zip(step.dims, step.sizes, strict=True):  # zero-fill the dropped modes
+            full = list(t.shape)
+            full[i + 1] = n // 2 + 1 if (self.kind == "r2c" and i == len(self.global_shape) - 1) else n
+            t = t.new_zeros(full).index_copy(i + 1, self._keep[i], t)
+        return self._full_transform(t, step, dims, first, inverse)
+
+    def _full_transform(self, t: torch.Tensor, step: _Local, dims: tuple[int, ...], first: bool, inverse: bool):
         if self.kind == "dct2":
             for dim in dims:
                 t = (dct.idct2 if inverse else dct.dct2)(t, dim, self.norm)
@@ -371,33 +395,31 @@ class DistributedFFT:
                 t = _exchange_inplace(t, step.reversed() if inverse else step, staging)
         return t
 
+    def _execute(self, t: torch.Tensor, inverse: bool) -> torch.Tensor:
+        what = "inverse input" if inverse else "forward input"
+        shape, out_shape = (
+            (self.output_local_shape, self.local_shape) if inverse else (self.local_shape, self.output_local_shape)
+        )
+        complex_input = self.kind != "dct2" if inverse else self.kind == "c2c"
+        t = self._check(t, what, shape, complex_input)
+        batch = t.shape[: t.dim() - len(self.global_shape)]
+        out = self._run_inplace(t, what, shape, inverse) if self.inplace else self._run(t.reshape(-1, *shape), inverse)
+        return out.reshape(*batch, *out_shape)
+
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
         """This rank's block (``output_slices(rank)``) of the global transform.
 
         ``x_local`` is ``(*batch, n1_loc, ..., nd_loc)`` as ``local_slices``: complex for c2c, real
-        for r2c and dct2. Differentiable.
+        for r2c and dct2. Differentiable (except with ``inplace=True``, where the result is a view of
+        the input's storage, which it overwrites).
         """
-        x_local = self._check(x_local, "forward input", self.local_shape, complex_input=self.kind == "c2c")
-        batch = x_local.shape[: x_local.dim() - len(self.global_shape)]
-        if self.inplace:
-            out = self._run_inplace(x_local, "forward input", self.local_shape, inverse=False)
-        else:
-            out = self._run(x_local.reshape(-1, *self.local_shape), inverse=False)
-        return out.reshape(*batch, *self.output_local_shape)
+        return self._execute(x_local, inverse=False)
 
     def inverse(self, y_local: torch.Tensor) -> torch.Tensor:
         """The input block back from this rank's output block: ifftn, irfftn or the DCT-III.
 
-        ``inverse(forward(x)) == x`` to round-off. Differentiable.
+        ``inverse(forward(x)) == x`` to round-off. Differentiable (except with ``inplace=True``).
         """
-        y_local = self._check(
-            y_local, "inverse input", self.output_local_shape, complex_input=self.kind != "dct2"
-        )
-        batch = y_local.shape[: y_local.dim() - len(self.global_shape)]
-        if self.inplace:
-            out = self._run_inplace(y_local, "inverse input", self.output_local_shape, inverse=True)
-        else:
-            out = self._run(y_local.reshape(-1, *self.output_local_shape), inverse=True)
-        return out.reshape(*batch, *self.local_shape)
+        return self._execute(y_local, inverse=True)
 
     __call__ = forward

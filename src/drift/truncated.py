@@ -44,8 +44,7 @@ def mode_indices(spec: ModeSpec, n: int, dim: int, half: bool) -> tuple[int, ...
         if half:
             if spec > limit:
                 raise ValueError(
-                    f"modes on dim {dim}: k = {spec} exceeds the {limit} frequencies of the half spectrum "
-                    f"of extent {n}"
+                    f"modes on dim {dim}: k = {spec} exceeds the {limit} frequencies of the half spectrum of extent {n}"
                 )
             return tuple(range(spec))
         if 2 * spec > n:
@@ -70,6 +69,19 @@ def mode_indices(spec: ModeSpec, n: int, dim: int, half: bool) -> tuple[int, ...
     return tuple(out)
 
 
+def mode_lists(modes: ModeSpec | Sequence[ModeSpec], global_shape: tuple[int, ...], real: bool) -> tuple:
+    """Per-dim kept indices (``mode_indices``) for ``modes`` given per dim, or as one int for all dims."""
+    d = len(global_shape)
+    if isinstance(modes, int):
+        modes = (modes,) * d
+    if len(modes) != d:
+        raise ValueError(f"modes needs one entry per dim of global_shape {global_shape}, got {len(modes)}")
+    return tuple(
+        mode_indices(spec, n, i, real and i == d - 1)
+        for i, (spec, n) in enumerate(zip(modes, global_shape, strict=True))
+    )
+
+
 def _stage_flops(rest: int, n: int, k: int, real: bool) -> int:
     """FLOPs of mapping one dim from n to k entries over ``rest`` lines: a real gemm producing 2k
     outputs (real and imaginary parts) or a complex gemm (8 real FLOPs per multiply-add)."""
@@ -91,10 +103,7 @@ def contraction_flops(order: Sequence[int], local: Sequence[int], kept: Sequence
 def best_order(local: Sequence[int], kept: Sequence[int], real: bool) -> tuple[tuple[int, ...], int]:
     """The contraction order with the fewest forward FLOPs, and that count (ties: lexicographic)."""
     return min(
-        (
-            (order, contraction_flops(order, local, kept, real))
-            for order in itertools.permutations(range(len(local)))
-        ),
+        ((order, contraction_flops(order, local, kept, real)) for order in itertools.permutations(range(len(local)))),
         key=lambda item: (item[1], item[0]),
     )
 
@@ -195,16 +204,7 @@ class TruncatedFFT:
         self.world_size = comm.world_size(group)
         self.rank = comm.rank(group)
         self.grid = check_grid(self.global_shape, grid, self.world_size)
-        if isinstance(modes, int):
-            modes = (modes,) * d
-        if len(modes) != d:
-            raise ValueError(
-                f"modes needs one entry per dim of global_shape {self.global_shape}, got {len(modes)}"
-            )
-        self.modes = tuple(
-            mode_indices(spec, n, i, real and i == d - 1)
-            for i, (spec, n) in enumerate(zip(modes, self.global_shape, strict=True))
-        )
+        self.modes = mode_lists(modes, self.global_shape, real)
         self.real = real
         self.dtype = dtype
         self.device = resolve_device(device)
@@ -253,11 +253,7 @@ class TruncatedFFT:
             if self.real and step == 0:
                 kind = "real_in"
                 # right: (n, 2k) with real and imaginary columns interleaved; left: (2k, n) stacked.
-                m = (
-                    torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k)
-                    if right
-                    else torch.cat((b.real, b.imag))
-                )
+                m = torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k) if right else torch.cat((b.real, b.imag))
                 m = m.to(self.dtype)
             else:
                 kind = "complex"
@@ -295,9 +291,7 @@ class TruncatedFFT:
     def _half_spectrum_weights(self) -> torch.Tensor:
         """irfft's weights on the last dim: 1 for DC and an even extent's Nyquist, 2 for the others."""
         n = self.global_shape[-1]
-        return torch.tensor(
-            [1.0 if f == 0 or 2 * f == n else 2.0 for f in self.modes[-1]], dtype=torch.float64
-        )
+        return torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in self.modes[-1]], dtype=torch.float64)
 
     def mode_slice(self, rank: int) -> slice:
         """The slice of the row-major flattened retained modes that ``rank`` holds when sharded."""

@@ -1,0 +1,165 @@
+"""SpectralConv and FNO: every method on every grid computes the single-device function of one global weight."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import device_for
+from reference import rel_err, truncated_spectrum, zero_filled_inverse
+
+import drift
+from drift.nn import FNO, SpectralConv, spectral_weight
+
+
+def _random(shape, seed, complex_=False):
+    g = torch.Generator().manual_seed(seed)
+    if complex_:
+        return torch.complex(
+            torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
+        )
+    return torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def reference_conv(x, w, modes, shape, real):
+    """The single-device spectral convolution: rfftn, keep the modes, mix channels, zero-fill, irfftn."""
+    spec = truncated_spectrum(x, modes, real, "backward")
+    return zero_filled_inverse(torch.einsum("bi...,io...->bo...", spec, w), modes, shape, real, "backward")
+
+
+def _loss(out, seed):
+    real = torch.view_as_real(out) if out.is_complex() else out
+    return (real * _random(real.shape, seed).to(real.device)).sum()
+
+
+def _check_conv(shape, grid, modes, method, real):
+    rank, size, device = dist.get_rank(), dist.get_world_size(), device_for(dist.get_rank())
+    layer = SpectralConv(3, 2, shape, modes, grid, method=method, real=real, dtype=torch.float64, device=device, seed=5)
+    w = spectral_weight(3, 2, layer.mode_shape, 5, torch.float64)
+    assert torch.equal(layer.global_weight().cpu(), w), "the same seed must give the same global weight"
+    x = _random((2, 3, *shape), 6, complex_=not real)
+    blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
+    x_local = drift.scatter(x, grid).to(device).requires_grad_(True)
+    with drift.comm_log() as log:
+        y = layer(x_local)
+    _loss(y, 100 + rank).backward()
+
+    x_ref, w_ref = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    full = reference_conv(x_ref, w_ref, layer.modes, shape, real)
+    assert rel_err(y, full[(..., *blocks[rank])]) <= 1e-12
+    sum(_loss(full[(..., *b)], 100 + r) for r, b in enumerate(blocks)).backward()
+    assert rel_err(x_local.grad, x_ref.grad[(..., *blocks[rank])]) <= 1e-12
+    assert rel_err(layer.weight.grad, layer._take_share(w_ref.grad.to(device))) <= 1e-12
+
+    # A global weight loaded on any grid is the one read back.
+    w2 = _random((3, 2, *layer.mode_shape), 7, complex_=True)
+    layer.load_global_weight(w2)
+    assert torch.equal(layer.global_weight().cpu(), w2)
+    return log.kinds(), log.bytes
+
+
+CONV_CASES = [
+    ((12,), (1,), (3,), True),
+    ((12, 10), (2, 1), (3, 3), True),
+    ((10, 12), (1, 2), (2, 4), False),
+    ((9, 8, 6), (3, 1, 1), (2, 2, 3), True),
+    ((8, 9, 6), (2, 2, 1), (2, [0, 3, -2], 2), True),
+    ((6, 5, 4, 6), (1, 2, 1, 2), (2, 2, 1, 3), True),
+    ((7, 6, 5, 6), (2, 1, 2, 1), (2, 2, 2, 2), False),
+]
+
+
+@pytest.mark.parametrize("method", drift.nn.METHODS)
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-grid{'x'.join(map(str, c[1]))}")
+def test_spectral_conv_matches_single_device(ranks, case, method):
+    shape, grid, modes, real = case
+    results = ranks.run(math.prod(grid), _check_conv, shape, grid, modes, method, real)
+    kinds = results[0][0]
+    if math.prod(grid) == 1:
+        assert kinds == []
+    elif method == "drift":
+        assert kinds == ["reduce_scatter", "all_gather"]
+    else:
+        assert kinds and set(kinds) == {"all_to_all"}
+
+
+def _drift_bytes(shape, size):
+    layer = SpectralConv(4, 4, shape, (2, 2, 3), (size, 1, 1), seed=1)
+    x = torch.randn(2, 4, *layer.plan.local_shape)
+    with drift.comm_log() as log:
+        layer(x)
+    return [(c.kind, c.bytes) for c in log.calls], layer.plan.num_modes
+
+
+def test_drift_payload_depends_on_modes_not_grid(ranks):
+    small = ranks.run(4, _drift_bytes, (12, 10, 8), 4)
+    large = ranks.run(4, _drift_bytes, (48, 40, 30), 4)
+    assert small == large
+    (calls, m) = small[0]
+    padded_share = -(-m // 4)
+    # reduce-scatter of 2 samples x 4 channels x M modes (padded to 4 equal shares), all-gather of one share
+    assert calls == [("reduce_scatter", 4 * 2 * 4 * padded_share * 8), ("all_gather", 2 * 4 * padded_share * 8)]
+
+
+def _fno_forward(shape, grid, method, state):
+    device = device_for(dist.get_rank())
+    model = FNO(2, 1, 6, (2, 2, 3), shape, grid, n_layers=2, method=method, dtype=torch.float64, device=device, seed=3)
+    if state is not None:
+        model.load_global_state({k: v.to(device) for k, v in state.items()})
+    x = _random((2, 2, *shape), 8)
+    x_local = drift.scatter(x, grid).to(device)
+    y = model(x_local)
+    _loss(y, 200 + dist.get_rank()).backward()
+    grads = {n: p.grad.cpu() for n, p in model.named_parameters() if not n.startswith("spectral.")}
+    return drift.gather(y.detach(), shape, grid).cpu(), grads, {k: v.cpu() for k, v in model.global_state().items()}
+
+
+@pytest.mark.parametrize(
+    ("grid", "method"), [((2, 1, 1), "drift"), ((1, 2, 2), "drift"), ((2, 2, 1), "dfno"), ((3, 1, 1), "dfno-pruned")]
+)
+def test_fno_is_the_same_function_on_every_grid(ranks, grid, method):
+    shape = (9, 8, 6)
+    single = FNO(2, 1, 6, (2, 2, 3), shape, (1, 1, 1), n_layers=2, dtype=torch.float64, seed=3)
+    x = _random((2, 2, *shape), 8)
+    y_ref = single(x)
+    size = math.prod(grid)
+    blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
+    sum(_loss(y_ref[(..., *b)], 200 + r) for r, b in enumerate(blocks)).backward()
+    results = ranks.run(size, _fno_forward, shape, grid, method, None)
+    for y, grads, state in results:
+        assert rel_err(y, y_ref) <= 1e-12
+        for name, p in single.named_parameters():
+            if not name.startswith("spectral."):
+                assert rel_err(grads[name], p.grad) <= 1e-12, name
+        for name, value in single.global_state().items():
+            assert torch.equal(state[name], value), name
+
+
+def test_fno_state_moves_between_grids(ranks):
+    shape = (9, 8, 6)
+    source = FNO(2, 1, 6, (2, 2, 3), shape, (1, 1, 1), n_layers=2, dtype=torch.float64, seed=11)
+    state = source.global_state()
+    x = _random((2, 2, *shape), 8)
+    results = ranks.run(4, _fno_forward, shape, (2, 2, 1), "drift", state)
+    for y, _, back in results:
+        assert rel_err(y, source(x)) <= 1e-12
+        assert all(torch.equal(back[k], v) for k, v in state.items())
+    target = FNO(2, 1, 6, (2, 2, 3), shape, (1, 1, 1), n_layers=2, dtype=torch.float64, seed=0)
+    target.load_global_state(results[0][2])
+    assert rel_err(target(x), source(x)) <= 1e-12
+
+
+def test_bad_layer_arguments():
+    with pytest.raises(ValueError, match="method must be one of"):
+        SpectralConv(2, 2, (8, 8), 2, (1, 1), method="fft")
+    with pytest.raises(ValueError, match="1 to 4 spatial dims"):
+        SpectralConv(2, 2, (4, 4, 4, 4, 4), 1, (1,) * 5)
+    layer = SpectralConv(2, 3, (8, 8), 2, (1, 1), seed=0)
+    with pytest.raises(ValueError, match=r"expects \(batch, 2, \*local block\)"):
+        layer(torch.randn(1, 3, 8, 8))
+    with pytest.raises(ValueError, match="global weight must have shape"):
+        layer.load_global_weight(torch.zeros(2, 3, 4, 3, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="state keys differ"):
+        FNO(1, 1, 4, 2, (8, 8), (1, 1), n_layers=1, seed=0).load_global_state({})
