@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import device_for
-from reference import rel_err, truncated_spectrum, zero_filled_inverse
+from reference import TOL, rel_err, truncated_spectrum, zero_filled_inverse
 
 import drift
 from drift.nn import FNO, SpectralConv, spectral_weight
@@ -34,27 +34,28 @@ def _loss(out, seed):
     return (real * _random(real.shape, seed).to(real.device)).sum()
 
 
-def _check_conv(shape, grid, modes, method, real):
+def _check_conv(shape, grid, modes, method, real, dtype):
     rank, size, device = dist.get_rank(), dist.get_world_size(), device_for(dist.get_rank())
-    layer = SpectralConv(3, 2, shape, modes, grid, method=method, real=real, dtype=torch.float64, device=device, seed=5)
-    w = spectral_weight(3, 2, layer.mode_shape, 5, torch.float64)
+    layer = SpectralConv(3, 2, shape, modes, grid, method=method, real=real, dtype=dtype, device=device, seed=5)
+    w = spectral_weight(3, 2, layer.mode_shape, 5, dtype)
     assert torch.equal(layer.global_weight().cpu(), w), "the same seed must give the same global weight"
-    x = _random((2, 3, *shape), 6, complex_=not real)
+    x = _random((2, 3, *shape), 6, complex_=not real).to(layer.weight.real.dtype if real else layer.weight.dtype)
     blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
     x_local = drift.scatter(x, grid).to(device).requires_grad_(True)
     with drift.comm_log() as log:
         y = layer(x_local)
-    _loss(y, 100 + rank).backward()
+    _loss(y.double() if real else y.to(torch.complex128), 100 + rank).backward()
 
-    x_ref, w_ref = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    wide = torch.complex128 if x.is_complex() else torch.float64
+    x_ref, w_ref = x.to(wide).requires_grad_(True), w.to(torch.complex128).requires_grad_(True)
     full = reference_conv(x_ref, w_ref, layer.modes, shape, real)
-    assert rel_err(y, full[(..., *blocks[rank])]) <= 1e-12
+    assert rel_err(y, full[(..., *blocks[rank])]) <= TOL[dtype]
     sum(_loss(full[(..., *b)], 100 + r) for r, b in enumerate(blocks)).backward()
-    assert rel_err(x_local.grad, x_ref.grad[(..., *blocks[rank])]) <= 1e-12
-    assert rel_err(layer.weight.grad, layer._take_share(w_ref.grad.to(device))) <= 1e-12
+    assert rel_err(x_local.grad, x_ref.grad[(..., *blocks[rank])]) <= TOL[dtype]
+    assert rel_err(layer.gather_shares(layer.weight.grad), w_ref.grad) <= TOL[dtype]
 
     # A global weight loaded on any grid is the one read back.
-    w2 = _random((3, 2, *layer.mode_shape), 7, complex_=True)
+    w2 = _random((3, 2, *layer.mode_shape), 7, complex_=True).to(layer.weight.dtype)
     layer.load_global_weight(w2)
     assert torch.equal(layer.global_weight().cpu(), w2)
     return log.kinds(), log.bytes
@@ -75,7 +76,8 @@ CONV_CASES = [
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-grid{'x'.join(map(str, c[1]))}")
 def test_spectral_conv_matches_single_device(ranks, case, method):
     shape, grid, modes, real = case
-    results = ranks.run(math.prod(grid), _check_conv, shape, grid, modes, method, real)
+    dtype = torch.float32 if len(shape) == 3 else torch.float64
+    results = ranks.run(math.prod(grid), _check_conv, shape, grid, modes, method, real, dtype)
     kinds = results[0][0]
     if math.prod(grid) == 1:
         assert kinds == []
@@ -113,6 +115,8 @@ def _fno_forward(shape, grid, method, state):
     y = model(x_local)
     _loss(y, 200 + dist.get_rank()).backward()
     grads = {n: p.grad.cpu() for n, p in model.named_parameters() if not n.startswith("spectral.")}
+    for i, layer in enumerate(model.spectral):
+        grads[f"spectral.{i}.weight"] = layer.gather_shares(layer.weight.grad).cpu()
     return drift.gather(y.detach(), shape, grid).cpu(), grads, {k: v.cpu() for k, v in model.global_state().items()}
 
 
@@ -131,8 +135,10 @@ def test_fno_is_the_same_function_on_every_grid(ranks, grid, method):
     for y, grads, state in results:
         assert rel_err(y, y_ref) <= 1e-12
         for name, p in single.named_parameters():
-            if not name.startswith("spectral."):
-                assert rel_err(grads[name], p.grad) <= 1e-12, name
+            want = p.grad
+            if name.startswith("spectral."):
+                want = single.spectral[int(name.split(".")[1])].gather_shares(p.grad)
+            assert rel_err(grads[name], want) <= 1e-12, name
         for name, value in single.global_state().items():
             assert torch.equal(state[name], value), name
 
@@ -159,7 +165,16 @@ def test_bad_layer_arguments():
     layer = SpectralConv(2, 3, (8, 8), 2, (1, 1), seed=0)
     with pytest.raises(ValueError, match=r"expects \(batch, 2, \*local block\)"):
         layer(torch.randn(1, 3, 8, 8))
-    with pytest.raises(ValueError, match="global weight must have shape"):
+    with pytest.raises(ValueError, match=r"global weight must be torch.complex64 of shape \(2, 3, 4, 2\), got"):
         layer.load_global_weight(torch.zeros(2, 3, 4, 3, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="got torch.complex128 of shape"):
+        layer.load_global_weight(torch.zeros(2, 3, 4, 2, dtype=torch.complex128))
+    with pytest.raises(drift.PlanError, match="expected shape"):
+        layer(torch.randn(1, 2, 8, 7))
+    model = FNO(1, 1, 4, 2, (8, 8), (1, 1), n_layers=1, seed=0)
+    state = model.global_state()
+    state["lift.weight"] = state["lift.weight"].double()
+    with pytest.raises(ValueError, match=r"state\['lift.weight'\] must be torch.float32"):
+        model.load_global_state(state)
     with pytest.raises(ValueError, match="state keys differ"):
         FNO(1, 1, 4, 2, (8, 8), (1, 1), n_layers=1, seed=0).load_global_state({})

@@ -4,6 +4,7 @@ from drift.comm import Collective, CommLog, comm_log
 from drift.decomposition import gather, local_slices, scatter
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
+from drift.profiling import profile
 from drift.truncated import TruncatedFFT
 
 __version__ = "0.1.0"
@@ -17,5 +18,6 @@ __all__ = [
     "comm_log",
     "gather",
     "local_slices",
+    "profile",
     "scatter",
 ]

@@ -11,6 +11,7 @@ default group is that embedded one-rank group.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -74,6 +75,7 @@ class Collective:
     bytes: int
     wire_bytes: int
     group_size: int
+    seconds: float
 
 
 @dataclass
@@ -110,9 +112,14 @@ def comm_log() -> Iterator[CommLog]:
         _active_logs.remove(log)
 
 
-def _record(kind: str, payload: int, wire: int, size: int) -> None:
+@contextlib.contextmanager
+def _recorded(kind: str, payload: int, wire: int, size: int) -> Iterator[None]:
+    """Time the collective issued inside the block and record it in every open log."""
+    start = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - start
     for log in _active_logs:
-        log.calls.append(Collective(kind, payload, wire, size))
+        log.calls.append(Collective(kind, payload, wire, size, seconds))
 
 
 def _real(x: torch.Tensor) -> torch.Tensor:
@@ -124,8 +131,8 @@ def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     out = x.clone(memory_format=torch.contiguous_format)
     if size > 1:
         n = out.numel() * out.element_size()
-        _record("all_reduce", n, 2 * (size - 1) * n // size, size)
-        dist.all_reduce(_real(out), group=group)
+        with _recorded("all_reduce", n, 2 * (size - 1) * n // size, size):
+            dist.all_reduce(_real(out), group=group)
     return out
 
 
@@ -138,8 +145,8 @@ def _reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty(x.shape[0] // size, *x.shape[1:])
     n = x.numel() * x.element_size()
-    _record("reduce_scatter", n, (size - 1) * n // size, size)
-    _reduce_scatter_single(_real(out), _real(x), group=group)
+    with _recorded("reduce_scatter", n, (size - 1) * n // size, size):
+        _reduce_scatter_single(_real(out), _real(x), group=group)
     return out
 
 
@@ -150,8 +157,8 @@ def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty(size * x.shape[0], *x.shape[1:])
     n = x.numel() * x.element_size()
-    _record("all_gather", n, (size - 1) * n, size)
-    _all_gather_single(_real(out), _real(x), group=group)
+    with _recorded("all_gather", n, (size - 1) * n, size):
+        _all_gather_single(_real(out), _real(x), group=group)
     return out
 
 
@@ -163,11 +170,8 @@ def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group, out=No
     x = x.contiguous()
     me = rank(group)
     n = x.numel() * x.element_size()
-    _record("all_to_all", n, (x.numel() - send[me]) * x.element_size(), size)
-    if x.is_complex():
-        dist.all_to_all_single(torch.view_as_real(out), torch.view_as_real(x), recv, send, group=group)
-    else:
-        dist.all_to_all_single(out, x, recv, send, group=group)
+    with _recorded("all_to_all", n, (x.numel() - send[me]) * x.element_size(), size):
+        dist.all_to_all_single(_real(out), _real(x), recv, send, group=group)
     return out
 
 
@@ -177,11 +181,11 @@ def sendrecv(send: torch.Tensor, recv: torch.Tensor, peer: int, *, group=None) -
     The pairwise exchange of the in-place transposes; not differentiable.
     """
     n = send.numel() * send.element_size()
-    _record("sendrecv", n, n, world_size(group))
     dst = dist.get_global_rank(group, peer) if group is not None else peer
     ops = [dist.P2POp(dist.isend, _real(send), dst, group), dist.P2POp(dist.irecv, _real(recv), dst, group)]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
+    with _recorded("sendrecv", n, n, world_size(group)):
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
 
 
 class _AllToAll(torch.autograd.Function):
@@ -245,8 +249,8 @@ def broadcast(x: torch.Tensor, *, src: int = 0, group=None) -> torch.Tensor:
     size = world_size(group)
     if size > 1:
         n = out.numel() * out.element_size()
-        _record("broadcast", n, n if rank(group) == src else 0, size)
-        dist.broadcast(_real(out), dist.get_global_rank(group, src) if group is not None else src, group=group)
+        with _recorded("broadcast", n, n if rank(group) == src else 0, size):
+            dist.broadcast(_real(out), dist.get_global_rank(group, src) if group is not None else src, group=group)
     return out
 
 

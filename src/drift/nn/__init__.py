@@ -1,6 +1,16 @@
 """Distributed neural-operator layers and models."""
 
 from drift.nn.fno import FNO, PointwiseLinear
+from drift.nn.interop import from_neuralop_weight, neuralop_n_modes, to_neuralop_weight
 from drift.nn.spectral import METHODS, SpectralConv, spectral_weight
 
-__all__ = ["FNO", "METHODS", "PointwiseLinear", "SpectralConv", "spectral_weight"]
+__all__ = [
+    "FNO",
+    "METHODS",
+    "PointwiseLinear",
+    "SpectralConv",
+    "from_neuralop_weight",
+    "neuralop_n_modes",
+    "spectral_weight",
+    "to_neuralop_weight",
+]

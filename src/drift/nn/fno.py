@@ -24,13 +24,22 @@ class PointwiseLinear(nn.Module):
     ``.grad`` is then the gradient of the global loss.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, generator: torch.Generator, *, group=None, **factory):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        generator: torch.Generator,
+        *,
+        group=None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         bound = 1 / math.sqrt(in_channels)
         weight = (torch.rand(out_channels, in_channels, generator=generator, dtype=torch.float64) * 2 - 1) * bound
         bias = (torch.rand(out_channels, generator=generator, dtype=torch.float64) * 2 - 1) * bound
-        self.weight = nn.Parameter(weight.to(**factory))
-        self.bias = nn.Parameter(bias.to(**factory))
+        self.weight = nn.Parameter(weight.to(dtype=dtype, device=device))
+        self.bias = nn.Parameter(bias.to(dtype=dtype, device=device))
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,6 +130,14 @@ class FNO(nn.Module):
             raise ValueError(
                 f"state keys differ: missing {sorted(set(own) - set(state))}, extra {sorted(set(state) - set(own))}"
             )
+        for name, value in own.items():
+            if not name.startswith("spectral.") and (
+                state[name].shape != value.shape or state[name].dtype != value.dtype
+            ):
+                raise ValueError(
+                    f"state[{name!r}] must be {value.dtype} of shape {tuple(value.shape)}, "
+                    f"got {state[name].dtype} of shape {tuple(state[name].shape)}"
+                )
         with torch.no_grad():
             for i, layer in enumerate(self.spectral):
                 layer.load_global_weight(state[f"spectral.{i}.weight"])

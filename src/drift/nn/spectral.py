@@ -27,6 +27,7 @@ from torch import nn
 from drift import comm
 from drift._plan import complex_dtype
 from drift.fft import DistributedFFT
+from drift.profiling import phase
 from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
 
 METHODS = ("drift", "dfno", "dfno-pruned")
@@ -155,25 +156,33 @@ class SpectralConv(nn.Module):
     def load_global_weight(self, w: torch.Tensor) -> None:
         """Set this rank's share from the full weight ``(in, out, K1, ..., Kd)``, given on every rank."""
         expected = (self.in_channels, self.out_channels, *self.mode_shape)
-        if tuple(w.shape) != expected:
-            raise ValueError(f"global weight must have shape {expected}, got {tuple(w.shape)}")
-        self.weight.copy_(self._take_share(w.to(device=self.weight.device, dtype=self.weight.dtype)))
+        if tuple(w.shape) != expected or w.dtype != self.weight.dtype:
+            raise ValueError(
+                f"global weight must be {self.weight.dtype} of shape {expected}, "
+                f"got {w.dtype} of shape {tuple(w.shape)}"
+            )
+        self.weight.copy_(self._take_share(w.to(self.weight.device)))
 
     @torch.no_grad()
-    def global_weight(self) -> torch.Tensor:
-        """The full weight ``(in, out, K1, ..., Kd)`` on every rank (one all-gather)."""
+    def gather_shares(self, share: torch.Tensor) -> torch.Tensor:
+        """The full ``(in, out, K1, ..., Kd)`` tensor on every rank from every rank's ``share`` (a tensor
+        shaped like ``weight``, e.g. the weight itself or its gradient); one all-gather."""
         io = self.in_channels * self.out_channels
-        flat = self.weight.new_zeros(io, math.prod(self.mode_shape))
+        flat = share.new_zeros(io, math.prod(self.mode_shape))
         if self.world_size == 1:
-            flat[:, self._shares[0][0].to(flat.device)] = self.weight.reshape(io, -1)
+            flat[:, self._shares[0][0].to(flat.device)] = share.reshape(io, -1)
             return flat.view(self.in_channels, self.out_channels, *self.mode_shape)
         width = max(len(index) for index, _ in self._shares)
-        mine = self.weight.new_zeros(io, width)
-        mine[:, : self.weight[0, 0].numel()] = self.weight.reshape(io, -1)
+        mine = share.new_zeros(io, width)
+        mine[:, : share[0, 0].numel()] = share.reshape(io, -1)
         every = comm.all_gather(mine.unsqueeze(0), group=self.group)
         for r, (index, _) in enumerate(self._shares):
             flat[:, index.to(flat.device)] = every[r, :, : len(index)]
         return flat.view(self.in_channels, self.out_channels, *self.mode_shape)
+
+    def global_weight(self) -> torch.Tensor:
+        """The full weight ``(in, out, K1, ..., Kd)`` on every rank (one all-gather)."""
+        return self.gather_shares(self.weight.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(batch, in_channels, n1_loc, ..., nd_loc)``; returns ``(batch, out_channels, ...)``."""
@@ -182,14 +191,23 @@ class SpectralConv(nn.Module):
                 f"SpectralConv expects (batch, {self.in_channels}, *local block), got shape {tuple(x.shape)}"
             )
         if self.method == "drift":
-            shares = self.plan.forward(x, out="sharded")  # (b, in, M_p)
-            mixed = torch.einsum("bim,iom->bom", shares, self.weight)
-            return self.plan.inverse(mixed, inp="sharded")
-        spectrum = self.plan.forward(x)
+            with phase("transform"):
+                shares = self.plan.forward(x, out="sharded")  # (b, in, M_p)
+            with phase("multiply"):
+                mixed = torch.einsum("bim,iom->bom", shares, self.weight)
+            with phase("transform"):
+                return self.plan.inverse(mixed, inp="sharded")
+        with phase("transform"):
+            spectrum = self.plan.forward(x)
         if self.method == "dfno-pruned":
-            return self.plan.inverse(torch.einsum("bi...,io...->bo...", spectrum, self.weight))
-        kept = spectrum[(..., *self._block_index)]
-        mixed = torch.einsum("bi...,io...->bo...", kept, self.weight)
-        block = mixed.new_zeros(*mixed.shape[:2], *spectrum.shape[2:])
-        block[(..., *self._block_index)] = mixed
-        return self.plan.inverse(block)
+            with phase("multiply"):
+                mixed = torch.einsum("bi...,io...->bo...", spectrum, self.weight)
+            with phase("transform"):
+                return self.plan.inverse(mixed)
+        with phase("multiply"):
+            kept = spectrum[(..., *self._block_index)]
+            mixed = torch.einsum("bi...,io...->bo...", kept, self.weight)
+            block = mixed.new_zeros(*mixed.shape[:2], *spectrum.shape[2:])
+            block[(..., *self._block_index)] = mixed
+        with phase("transform"):
+            return self.plan.inverse(block)

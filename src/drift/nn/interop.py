@@ -1,0 +1,76 @@
+"""Spectral weights to and from neuraloperator's ``SpectralConv`` (dense weights, v2.0 layout).
+
+neuraloperator stores a dense weight ``(in, out, *counts)`` over the kept modes in fftshift order:
+along every dim but the last, ``counts[i]`` modes with frequencies ``-(counts[i] // 2) .. counts[i] -
+counts[i] // 2 - 1`` in ascending order; along the last dim of a real layer, frequencies
+``0 .. counts[-1] - 1``; along the last dim of a complex layer, the first ``counts[-1]`` entries of the
+fftshifted spectrum (frequencies ``-(N // 2)`` upwards, which drift keeps only when given explicitly).
+Its ``n_modes`` argument gives the count per dim, except that the last entry n of a real layer becomes
+``n // 2 + 1``. drift's ``modes=k`` keeps the same set as ``n_modes = 2k`` on the leading dims and
+``n_modes = 2k - 2`` (or ``2k - 1``) on the last dim of a real transform, ordered ``0 .. k-1, -k .. -1``:
+the functions below permute between the two orders. The layers agree whatever their ``fft_norm``: the
+forward and inverse scalings multiply to 1/N either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from drift.truncated import ModeSpec, mode_lists
+
+
+def neuralop_n_modes(global_shape: Sequence[int], modes: ModeSpec | Sequence[ModeSpec], real: bool = True) -> tuple:
+    """The ``n_modes`` argument of a neuraloperator ``SpectralConv`` that keeps drift's ``modes``."""
+    counts = [len(m) for m in mode_lists(modes, tuple(global_shape), real)]
+    if real:
+        counts[-1] = 2 * counts[-1] - 2
+    return tuple(counts)
+
+
+def _positions(global_shape: Sequence[int], modes, real: bool) -> list[torch.Tensor]:
+    """Per dim, where each of drift's kept modes sits in neuraloperator's order."""
+    shape = tuple(global_shape)
+    ours = mode_lists(modes, shape, real)
+    positions = []
+    for dim, (kept, n) in enumerate(zip(ours, shape, strict=True)):
+        count = len(kept)
+        if dim < len(shape) - 1:
+            theirs = [(j - count // 2) % n for j in range(count)]
+        elif real:
+            theirs = list(range(count))
+        else:  # neuraloperator v2.0 slices the first entries of the fftshifted last dim
+            theirs = [(j - n // 2) % n for j in range(count)]
+        if sorted(theirs) != sorted(kept):
+            raise ValueError(
+                f"dim {dim}: drift keeps frequencies {sorted(kept)}, which no neuraloperator layer keeps "
+                f"(with {count} modes it keeps {sorted(theirs)})"
+            )
+        positions.append(torch.tensor([theirs.index(f) for f in kept]))
+    return positions
+
+
+def from_neuralop_weight(
+    weight: torch.Tensor, global_shape: Sequence[int], modes: ModeSpec | Sequence[ModeSpec], real: bool = True
+) -> torch.Tensor:
+    """A neuraloperator dense spectral weight ``(in, out, *counts)`` as drift's global weight
+    ``(in, out, K1, ..., Kd)`` for ``modes`` (load it with ``SpectralConv.load_global_weight``)."""
+    out = weight
+    for dim, pos in enumerate(_positions(global_shape, modes, real)):
+        if out.shape[2 + dim] != len(pos):
+            raise ValueError(f"weight has {out.shape[2 + dim]} modes on dim {dim}, drift's modes keep {len(pos)}")
+        out = out.index_select(2 + dim, pos.to(out.device))
+    return out
+
+
+def to_neuralop_weight(
+    weight: torch.Tensor, global_shape: Sequence[int], modes: ModeSpec | Sequence[ModeSpec], real: bool = True
+) -> torch.Tensor:
+    """drift's global weight ``(in, out, K1, ..., Kd)`` in neuraloperator's dense layout."""
+    out = weight
+    for dim, pos in enumerate(_positions(global_shape, modes, real)):
+        if out.shape[2 + dim] != len(pos):
+            raise ValueError(f"weight has {out.shape[2 + dim]} modes on dim {dim}, drift's modes keep {len(pos)}")
+        out = out.index_select(2 + dim, torch.argsort(pos).to(out.device))
+    return out
