@@ -124,13 +124,13 @@ def run_block(shape, modes, width, method, size, repeats) -> dict:
 def _single_worker(_rank, which, shape, modes, width, out) -> None:
     """One forward of drift's or neuraloperator's SpectralConv in this fresh process."""
     torch.set_num_threads(2)
-    x = torch.randn(1, width, *shape)
     if which == "neuralop":
         from neuralop.layers.spectral_convolution import SpectralConv as NeuralopConv
 
         conv = NeuralopConv(width, width, n_modes=neuralop_n_modes(shape, modes), bias=False)
     else:
         conv = SpectralConv(width, width, shape, modes, (1,) * len(shape), seed=1)
+    x = torch.randn(1, width, *shape)
     with torch.no_grad():
         start = time.perf_counter()
         conv(x)

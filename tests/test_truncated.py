@@ -361,3 +361,20 @@ def test_one_bad_rank_fails_all_within_the_group_timeout():
     with RankPool(3) as pool:
         results = pool.run(_one_bad_rank, 2.0, timeout=60)
     check_one_bad_rank(results, "PlanError", "expected shape (*batch, 4, 10), got (5, 10)")
+
+
+@pytest.mark.parametrize("real", [True, False])
+def test_chunked_unrecorded_passes_match(real):
+    """Passes autograd does not record run in chunks of rows bounded by work_bytes."""
+    plan = drift.TruncatedFFT((10, 9, 8), (3, [0, 2, -1], 3), (1, 1, 1), real=real, dtype=torch.float64)
+    x = _random((5, 3, 10, 9, 8), torch.float64, 13, complex_=not real)
+    xhat = _random((5, 3, *plan.mode_shape), torch.float64, 14, complex_=True)
+    whole = plan.forward(x), plan.forward(x, out="sharded"), plan.inverse(xhat)
+    plan.work_bytes = 1  # one row per chunk
+    chunked = plan.forward(x), plan.forward(x, out="sharded"), plan.inverse(xhat)
+    for a, b in zip(whole, chunked, strict=True):
+        assert rel_err(b, a) <= 1e-12
+    with torch.no_grad():
+        y = plan.inverse(xhat.requires_grad_(True))
+    assert rel_err(y, whole[2]) <= 1e-12
+    assert rel_err(plan.forward(x.clone().requires_grad_(True)), whole[0]) <= 1e-12

@@ -32,10 +32,9 @@ import json
 import statistics
 import time
 
+import mpi4py_fft
 import numpy as np
 from mpi4py import MPI
-
-import mpi4py_fft
 from mpi4py_fft import PFFT
 
 THREADS = 1

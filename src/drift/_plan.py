@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from drift.errors import PlanError
@@ -54,9 +56,10 @@ def check_input(
 class Workspace:
     """Resident work buffers for the passes that autograd does not record, one per (stage, role).
 
-    Reusing them spares the page faults of fresh multi-gigabyte allocations on every call; a buffer is
-    replaced when the batch size changes. Buffers are ordinary tensors even when first made under
-    ``torch.inference_mode``, so later calls outside it can still write them.
+    Reusing them spares the page faults of fresh multi-gigabyte allocations on every call. A buffer
+    grows when a larger one is asked for and serves smaller requests (a last, shorter chunk) as a view.
+    Buffers are ordinary tensors even when first made under ``torch.inference_mode``, so later calls
+    outside it can still write them.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -64,10 +67,11 @@ class Workspace:
         self._buffers: dict[tuple, torch.Tensor] = {}
 
     def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        numel = math.prod(shape)
         buf = self._buffers.get(key)
-        if buf is None or buf.shape != shape or buf.dtype != dtype:
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
             self._buffers.pop(key, None)
             with torch.inference_mode(False):
-                buf = torch.empty(shape, dtype=dtype, device=self.device)
+                buf = torch.empty(numel, dtype=dtype, device=self.device)
             self._buffers[key] = buf
-        return buf
+        return buf[:numel].view(shape)

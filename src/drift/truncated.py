@@ -25,6 +25,7 @@ from drift._plan import Workspace, check_input, complex_dtype, resolve_device
 from drift.decomposition import block_slice, check_grid, local_slices
 
 _NORMS = ("backward", "ortho", "forward")
+WORK_BYTES = 64 * 2**20  # the bound on a chunk's intermediates in passes autograd does not record
 ModeSpec = int | Sequence[int]
 
 
@@ -122,8 +123,11 @@ class _Stage:
     out: int
 
 
-def _apply(t: torch.Tensor, stage: _Stage, work: Workspace | None, key: tuple) -> torch.Tensor:
-    """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work`` when it is given."""
+def _apply(
+    t: torch.Tensor, stage: _Stage, work: Workspace | None, key: tuple, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work`` when it is given, and
+    the result into ``out`` when that is given (a contiguous tensor of the result's shape)."""
 
     def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         return None if work is None else work.get((*key, role), shape, dtype)
@@ -144,18 +148,22 @@ def _apply(t: torch.Tensor, stage: _Stage, work: Workspace | None, key: tuple) -
     else:
         t = t.reshape(lead, n, rest)
     rows = 2 * stage.out if stage.kind == "real_in" else stage.out
-    if stage.right:
-        out = torch.matmul(t, stage.matrix, out=buffer("gemm", (lead, rows), t.dtype))
+    gemm_shape = (lead, rows) if stage.right else (lead, rows, rest)
+    if out is not None and stage.kind != "real_in":
+        target = out.view(gemm_shape)
     else:
-        out = torch.matmul(stage.matrix, t, out=buffer("gemm", (lead, rows, rest), t.dtype))
+        target = buffer("gemm", gemm_shape, t.dtype)
+    result = torch.matmul(t, stage.matrix, out=target) if stage.right else torch.matmul(stage.matrix, t, out=target)
     if stage.kind == "real_in":
         k = stage.out
         if stage.right:
-            out = torch.view_as_complex(out.view(lead, k, 2))
+            result = torch.view_as_complex(result.view(lead, k, 2))
         else:
-            cplx = complex_dtype(out.dtype)
-            out = torch.complex(out[:, :k], out[:, k:], out=buffer("complex", (lead, k, rest), cplx))
-    return out.view(new_shape)
+            cplx = complex_dtype(result.dtype)
+            result = torch.complex(result[:, :k], result[:, k:], out=buffer("complex", (lead, k, rest), cplx))
+        if out is not None:
+            return out.copy_(result.view(new_shape))
+    return result.view(new_shape)
 
 
 class TruncatedFFT:
@@ -218,6 +226,7 @@ class TruncatedFFT:
         self._forward_stages = self._build_forward()
         self._inverse_stages = self._build_inverse()
         self._workspace = Workspace(self.device)
+        self.work_bytes = WORK_BYTES
 
     def __repr__(self) -> str:
         return (
@@ -302,12 +311,30 @@ class TruncatedFFT:
         return check_input(t, what, self.rank, shape, dtype, self.device, self.strict)
 
     def _run(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
-        """Apply ``stages`` in turn. Unless autograd records the pass, every stage but the last writes
-        into the plan's resident workspace; the last always returns a fresh tensor."""
-        work = None if torch.is_grad_enabled() and t.requires_grad else self._workspace
-        for i, stage in enumerate(stages):
-            t = _apply(t, stage, work if i < len(stages) - 1 else None, (name, i))
-        return t
+        """Apply ``stages`` in turn to ``t`` (``(rows, ...)``).
+
+        A pass autograd records allocates its intermediates. Any other pass runs in chunks of rows
+        whose intermediates fit ``work_bytes``, staged through the plan's resident workspace, and the
+        last stage writes each chunk straight into the (fresh) result.
+        """
+        if torch.is_grad_enabled() and t.requires_grad:
+            for stage in stages:
+                t = _apply(t, stage, None, ())
+            return t
+        sizes, rows = list(t.shape[1:]), t.shape[0]
+        widest = math.prod(sizes)
+        for stage in stages:
+            sizes[stage.dim] = stage.out
+            widest = max(widest, math.prod(sizes))
+        chunk = max(1, min(rows, self.work_bytes // (4 * widest * self.complex_dtype.itemsize)))
+        result_dtype = self.dtype if stages[-1].kind == "real_out" else self.complex_dtype
+        result = t.new_empty((rows, *sizes), dtype=result_dtype)
+        for start in range(0, rows, chunk):
+            piece = t[start : start + chunk]
+            for i, stage in enumerate(stages[:-1]):
+                piece = _apply(piece, stage, self._workspace, (name, i))
+            _apply(piece, stages[-1], None, (), out=result[start : start + chunk])
+        return result
 
     def forward(self, x_local: torch.Tensor, out: str = "replicated") -> torch.Tensor:
         """Retained modes of the global field from this rank's block.

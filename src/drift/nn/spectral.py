@@ -53,6 +53,15 @@ def shared_seed(seed: int | None, group=None) -> int:
     return int(drawn)
 
 
+def mix_channels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``einsum("bi...,io...->bo...", x, w)`` over per-mode channel matrices: one multiply-add per input
+    channel, vectorised over the modes (several times faster on CPU than einsum's tiny batched gemms)."""
+    y = x[:, 0, None] * w[0]
+    for i in range(1, x.shape[1]):
+        y = torch.addcmul(y, x[:, i, None], w[i])
+    return y
+
+
 class SpectralConv(nn.Module):
     """A distributed FNO spectral convolution on ``(batch, in_channels, n1_loc, ..., nd_loc)`` blocks.
 
@@ -150,7 +159,7 @@ class SpectralConv(nn.Module):
     def _take_share(self, w: torch.Tensor) -> torch.Tensor:
         index, shape = self._shares[self.rank]
         flat = w.reshape(self.in_channels, self.out_channels, -1)
-        return flat[:, :, index.to(w.device)].reshape(self.in_channels, self.out_channels, *shape).clone()
+        return flat[:, :, index.to(w.device)].reshape(self.in_channels, self.out_channels, *shape)
 
     @torch.no_grad()
     def load_global_weight(self, w: torch.Tensor) -> None:
@@ -194,19 +203,19 @@ class SpectralConv(nn.Module):
             with phase("transform"):
                 shares = self.plan.forward(x, out="sharded")  # (b, in, M_p)
             with phase("multiply"):
-                mixed = torch.einsum("bim,iom->bom", shares, self.weight)
+                mixed = mix_channels(shares, self.weight)
             with phase("transform"):
                 return self.plan.inverse(mixed, inp="sharded")
         with phase("transform"):
             spectrum = self.plan.forward(x)
         if self.method == "dfno-pruned":
             with phase("multiply"):
-                mixed = torch.einsum("bi...,io...->bo...", spectrum, self.weight)
+                mixed = mix_channels(spectrum, self.weight)
             with phase("transform"):
                 return self.plan.inverse(mixed)
         with phase("multiply"):
             kept = spectrum[(..., *self._block_index)]
-            mixed = torch.einsum("bi...,io...->bo...", kept, self.weight)
+            mixed = mix_channels(kept, self.weight)
             block = mixed.new_zeros(*mixed.shape[:2], *spectrum.shape[2:])
             block[(..., *self._block_index)] = mixed
         with phase("transform"):
