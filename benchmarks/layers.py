@@ -39,7 +39,7 @@ def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
-def _block_worker(rank, size, shape, modes, width, method, repeats, port, out) -> None:
+def _block_worker(rank, size, shape, modes, width, method, repeats, backward_too, port, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     if size > 1:
@@ -76,13 +76,13 @@ def _block_worker(rank, size, shape, modes, width, method, repeats, port, out) -
         calls = [(c.kind, c.bytes) for c in log.calls]
     x.requires_grad_(True)
     backward = []
-    for _ in range(repeats):
+    for _ in range(repeats if backward_too else 0):
         y = block(x)
         backward.append(timed(lambda y=y: (y * g).sum().backward()))
         x.grad = None
     result = {
         "forward_s": forward,
-        "backward_s": backward,
+        "backward_s": backward or [float("nan")],
         "phases_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
         "collectives": calls,
         "peak_gb": _peak_gb(),
@@ -99,11 +99,11 @@ def _block_worker(rank, size, shape, modes, width, method, repeats, port, out) -
         dist.destroy_process_group()
 
 
-def run_block(shape, modes, width, method, size, repeats) -> dict:
+def run_block(shape, modes, width, method, size, repeats, backward_too=True) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         port = 29600 + (os.getpid() + size) % 300
-        args = (size, shape, modes, width, method, repeats, port, str(out))
+        args = (size, shape, modes, width, method, repeats, backward_too, port, str(out))
         try:
             mp.start_processes(_block_worker, args=args, nprocs=size, start_method="spawn")
         except Exception as exc:  # a rank killed for memory or failing: record it
@@ -159,6 +159,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--neuralop", action="store_true")
+    parser.add_argument("--forward-only", action="store_true", help="skip the backward passes (less memory)")
     parser.add_argument("--out", type=Path, default=Path("results/layers.json"))
     args = parser.parse_args()
     modes = tuple(args.modes)
@@ -167,7 +168,7 @@ def main() -> None:
         shape = tuple(int(n) for n in text.split("x"))
         for size in args.nproc:
             for method in args.methods:
-                r = run_block(shape, modes, args.width, method, size, args.repeats)
+                r = run_block(shape, modes, args.width, method, size, args.repeats, not args.forward_only)
                 rows.append({"shape": shape, "ranks": size, "method": method, **r})
                 if not r["completed"]:
                     print(f"{text} P={size} {method}: did not complete ({r['error']})", flush=True)

@@ -7,6 +7,19 @@ import torch
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6}
 
 
+def random_tensor(shape, dtype: torch.dtype, seed: int, complex_: bool = False) -> torch.Tensor:
+    """A seeded standard normal tensor on the CPU (complex: independent real and imaginary parts)."""
+    g = torch.Generator().manual_seed(seed)
+    if complex_:
+        return torch.complex(torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype))
+    return torch.randn(shape, generator=g, dtype=dtype)
+
+
+def case_id(shape, grid, *rest) -> str:
+    """A readable pytest id: extents, grid, then the remaining parameters."""
+    return "-".join(["x".join(map(str, shape)), "grid" + "x".join(map(str, grid)), *map(str, rest)])
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative Frobenius error of ``a`` against the reference ``b`` (compared in float64)."""
     assert a.shape == b.shape, (a.shape, b.shape)

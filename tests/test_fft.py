@@ -10,7 +10,7 @@ import scipy.fft
 import torch
 import torch.distributed as dist
 from harness import RankPool, attempt, check_one_bad_rank, device_for, short_timeout_group
-from reference import TOL, rel_err
+from reference import TOL, case_id, random_tensor, rel_err
 
 import drift
 
@@ -49,15 +49,7 @@ def _cases():
 
 def _case_id(case):
     shape, grid, kind, dtype, norm, batch = case
-    dims = "x".join(map(str, shape))
-    return f"{dims}-grid{'x'.join(map(str, grid))}-{kind}-{str(dtype)[6:]}-{norm}-b{len(batch)}"
-
-
-def _random(shape, dtype, seed, complex_=False):
-    g = torch.Generator().manual_seed(seed)
-    if complex_:
-        return torch.complex(torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype))
-    return torch.randn(shape, generator=g, dtype=dtype)
+    return case_id(shape, grid, kind, str(dtype)[6:], norm, f"b{len(batch)}")
 
 
 def reference(x: torch.Tensor, d: int, kind: str, norm: str) -> torch.Tensor:
@@ -73,7 +65,7 @@ def reference(x: torch.Tensor, d: int, kind: str, norm: str) -> torch.Tensor:
 def _check_values(shape, grid, kind, dtype, norm, batch):
     rank, device = dist.get_rank(), device_for(dist.get_rank())
     plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=dtype, norm=norm, device=device)
-    x = _random((*batch, *shape), dtype, 1, complex_=kind == "c2c")
+    x = random_tensor((*batch, *shape), dtype, 1, complex_=kind == "c2c")
     wide = x.to(torch.complex128 if kind == "c2c" else torch.float64)
     ref = reference(wide, len(shape), kind, norm)[(..., *plan.output_slices(rank))]
     x_local = drift.scatter(x.to(device), grid)
@@ -107,7 +99,7 @@ def test_values_and_roundtrip(ranks, case):
 
 def _loss(out, seed):
     real = torch.view_as_real(out) if out.is_complex() else out
-    return (real * _random(real.shape, torch.float64, seed).to(real.device)).sum()
+    return (real * random_tensor(real.shape, torch.float64, seed).to(real.device)).sum()
 
 
 def _differentiable(shape, kind, norm, inverse):
@@ -134,8 +126,8 @@ def _check_gradients(shape, grid, kind, norm):
     plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=torch.float64, norm=norm, device=device)
     in_blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
     out_blocks = [plan.output_slices(r) for r in range(size)]
-    x = _random((2, *shape), torch.float64, 3, complex_=kind == "c2c")
-    y = _random((2, *plan.output_shape), torch.float64, 4, complex_=kind != "dct2")
+    x = random_tensor((2, *shape), torch.float64, 3, complex_=kind == "c2c")
+    y = random_tensor((2, *plan.output_shape), torch.float64, 4, complex_=kind != "dct2")
     for name, run, run_single, inp, mine, theirs in (
         ("forward", plan.forward, _differentiable(shape, kind, norm, False), x, in_blocks[rank], out_blocks),
         ("inverse", plan.inverse, _differentiable(shape, kind, norm, True), y, out_blocks[rank], in_blocks),
@@ -167,8 +159,8 @@ def test_gradients_follow_sum_convention(ranks, case):
 @pytest.mark.parametrize("kind", KINDS)
 def test_gradcheck_one_rank(kind):
     plan = drift.DistributedFFT((5, 4, 6), (1, 1, 1), kind=kind, dtype=torch.float64, norm="ortho")
-    x = _random((2, 5, 4, 6), torch.float64, 5, complex_=kind == "c2c").requires_grad_(True)
-    y = _random((2, *plan.output_shape), torch.float64, 6, complex_=kind != "dct2").requires_grad_(True)
+    x = random_tensor((2, 5, 4, 6), torch.float64, 5, complex_=kind == "c2c").requires_grad_(True)
+    y = random_tensor((2, *plan.output_shape), torch.float64, 6, complex_=kind != "dct2").requires_grad_(True)
     assert torch.autograd.gradcheck(plan.forward, (x,))
     assert torch.autograd.gradcheck(plan.inverse, (y,))
 
@@ -270,7 +262,7 @@ def _check_inplace(shape, grid, batch, dtype, norm, staging_bytes):
     rank, device = dist.get_rank(), device_for(dist.get_rank())
     plan = drift.DistributedFFT(shape, grid, dtype=dtype, norm=norm, device=device, inplace=True)
     plan.staging_bytes = staging_bytes
-    x = _random((*batch, *shape), dtype, 9, complex_=True)
+    x = random_tensor((*batch, *shape), dtype, 9, complex_=True)
     ref = reference(x.to(torch.complex128), len(shape), "c2c", norm)[(..., *plan.output_slices(rank))]
     x_local = drift.scatter(x.to(device), grid)
     storage = x_local.data_ptr()
@@ -332,13 +324,13 @@ def _check_pruned(shape, grid, modes, kind):
     rank, device = dist.get_rank(), device_for(dist.get_rank())
     plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=torch.float64, device=device, modes=modes)
     real = kind == "r2c"
-    x = _random((2, *shape), torch.float64, 11, complex_=not real)
+    x = random_tensor((2, *shape), torch.float64, 11, complex_=not real)
     spec = truncated_spectrum(x, plan.modes, real, "backward")
     assert plan.output_shape == spec.shape[1:]
     with drift.comm_log() as log:
         y = plan.forward(drift.scatter(x, grid).to(device))
     assert rel_err(y, spec[(..., *plan.output_slices(rank))]) <= 1e-12
-    xhat = _random(spec.shape, torch.float64, 12, complex_=True)
+    xhat = random_tensor(spec.shape, torch.float64, 12, complex_=True)
     back = plan.inverse(xhat[(..., *plan.output_slices(rank))].to(device))
     want = zero_filled_inverse(xhat, plan.modes, shape, real, "backward")[(..., *drift.local_slices(shape, grid, rank))]
     assert rel_err(back, want) <= 1e-12

@@ -8,19 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import device_for
-from reference import TOL, rel_err, truncated_spectrum, zero_filled_inverse
+from reference import TOL, random_tensor, rel_err, truncated_spectrum, zero_filled_inverse
 
 import drift
 from drift.nn import FNO, SpectralConv, spectral_weight
-
-
-def _random(shape, seed, complex_=False):
-    g = torch.Generator().manual_seed(seed)
-    if complex_:
-        return torch.complex(
-            torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
-        )
-    return torch.randn(shape, generator=g, dtype=torch.float64)
 
 
 def reference_conv(x, w, modes, shape, real):
@@ -31,7 +22,7 @@ def reference_conv(x, w, modes, shape, real):
 
 def _loss(out, seed):
     real = torch.view_as_real(out) if out.is_complex() else out
-    return (real * _random(real.shape, seed).to(real.device)).sum()
+    return (real * random_tensor(real.shape, torch.float64, seed).to(real.device)).sum()
 
 
 def _check_conv(shape, grid, modes, method, real, dtype):
@@ -39,7 +30,9 @@ def _check_conv(shape, grid, modes, method, real, dtype):
     layer = SpectralConv(3, 2, shape, modes, grid, method=method, real=real, dtype=dtype, device=device, seed=5)
     w = spectral_weight(3, 2, layer.mode_shape, 5, dtype)
     assert torch.equal(layer.global_weight().cpu(), w), "the same seed must give the same global weight"
-    x = _random((2, 3, *shape), 6, complex_=not real).to(layer.weight.real.dtype if real else layer.weight.dtype)
+    x = random_tensor((2, 3, *shape), torch.float64, 6, complex_=not real).to(
+        layer.weight.real.dtype if real else layer.weight.dtype
+    )
     blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
     x_local = drift.scatter(x, grid).to(device).requires_grad_(True)
     with drift.comm_log() as log:
@@ -55,7 +48,7 @@ def _check_conv(shape, grid, modes, method, real, dtype):
     assert rel_err(layer.gather_shares(layer.weight.grad), w_ref.grad) <= TOL[dtype]
 
     # A global weight loaded on any grid is the one read back.
-    w2 = _random((3, 2, *layer.mode_shape), 7, complex_=True).to(layer.weight.dtype)
+    w2 = random_tensor((3, 2, *layer.mode_shape), torch.float64, 7, complex_=True).to(layer.weight.dtype)
     layer.load_global_weight(w2)
     assert torch.equal(layer.global_weight().cpu(), w2)
     return log.kinds(), log.bytes
@@ -110,7 +103,7 @@ def _fno_forward(shape, grid, method, state):
     model = FNO(2, 1, 6, (2, 2, 3), shape, grid, n_layers=2, method=method, dtype=torch.float64, device=device, seed=3)
     if state is not None:
         model.load_global_state({k: v.to(device) for k, v in state.items()})
-    x = _random((2, 2, *shape), 8)
+    x = random_tensor((2, 2, *shape), torch.float64, 8)
     x_local = drift.scatter(x, grid).to(device)
     y = model(x_local)
     _loss(y, 200 + dist.get_rank()).backward()
@@ -126,7 +119,7 @@ def _fno_forward(shape, grid, method, state):
 def test_fno_is_the_same_function_on_every_grid(ranks, grid, method):
     shape = (9, 8, 6)
     single = FNO(2, 1, 6, (2, 2, 3), shape, (1, 1, 1), n_layers=2, dtype=torch.float64, seed=3)
-    x = _random((2, 2, *shape), 8)
+    x = random_tensor((2, 2, *shape), torch.float64, 8)
     y_ref = single(x)
     size = math.prod(grid)
     blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
@@ -147,7 +140,7 @@ def test_fno_state_moves_between_grids(ranks):
     shape = (9, 8, 6)
     source = FNO(2, 1, 6, (2, 2, 3), shape, (1, 1, 1), n_layers=2, dtype=torch.float64, seed=11)
     state = source.global_state()
-    x = _random((2, 2, *shape), 8)
+    x = random_tensor((2, 2, *shape), torch.float64, 8)
     results = ranks.run(4, _fno_forward, shape, (2, 2, 1), "drift", state)
     for y, _, back in results:
         assert rel_err(y, source(x)) <= 1e-12

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import RankPool, attempt, check_one_bad_rank, device_for, short_timeout_group
-from reference import TOL, rel_err, truncated_spectrum, zero_filled_inverse
+from reference import TOL, case_id, random_tensor, rel_err, truncated_spectrum, zero_filled_inverse
 
 import drift
 
@@ -78,23 +78,14 @@ def _cases():
 
 def _case_id(case):
     shape, grid, modes, real, dtype, norm, batch = case
-    kind = "real" if real else "complex"
-    dims = "x".join(map(str, shape))
-    return f"{dims}-grid{'x'.join(map(str, grid))}-{kind}-{str(dtype)[6:]}-{norm}-b{len(batch)}"
-
-
-def _random(shape, dtype, seed, complex_=False):
-    g = torch.Generator().manual_seed(seed)
-    if complex_:
-        return torch.complex(torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype))
-    return torch.randn(shape, generator=g, dtype=dtype)
+    return case_id(shape, grid, "real" if real else "complex", str(dtype)[6:], norm, f"b{len(batch)}")
 
 
 def _check_values(shape, grid, modes, real, dtype, norm, batch):
     rank, device = dist.get_rank(), device_for(dist.get_rank())
     plan = drift.TruncatedFFT(shape, modes, grid, real=real, dtype=dtype, norm=norm, device=device)
     d, tol = len(shape), TOL[dtype]
-    x = _random((*batch, *shape), dtype, 1, complex_=not real)
+    x = random_tensor((*batch, *shape), dtype, 1, complex_=not real)
     wide = x.to(torch.complex128 if x.is_complex() else torch.float64)
     spec = truncated_spectrum(wide, plan.modes, real, norm)
     x_local = drift.scatter(x.to(device), grid)
@@ -108,7 +99,7 @@ def _check_values(shape, grid, modes, real, dtype, norm, batch):
     assert share.shape == expected_share.shape
     assert rel_err(share, expected_share) <= tol, rel_err(share, expected_share)
 
-    xhat = _random((*batch, *plan.mode_shape), dtype, 2, complex_=True)
+    xhat = random_tensor((*batch, *plan.mode_shape), dtype, 2, complex_=True)
     ref = zero_filled_inverse(xhat.to(torch.complex128), plan.modes, shape, real, norm)[(..., *plan.local_slices)]
     y = plan.inverse(xhat.to(device))
     assert y.shape == (*batch, *plan.local_shape) and y.dtype == (dtype if real else plan.complex_dtype)
@@ -128,7 +119,7 @@ def test_values_match_torch_fft(ranks, case):
 def _loss(out, seed):
     """A rank's loss: a fixed random linear functional of its (real or complex) output."""
     real = torch.view_as_real(out) if out.is_complex() else out
-    return (real * _random(real.shape, torch.float64, seed).to(real.device)).sum()
+    return (real * random_tensor(real.shape, torch.float64, seed).to(real.device)).sum()
 
 
 def _check_gradients(shape, grid, modes, real, batch):
@@ -136,8 +127,8 @@ def _check_gradients(shape, grid, modes, real, batch):
     rank, size, device = dist.get_rank(), dist.get_world_size(), device_for(dist.get_rank())
     plan = drift.TruncatedFFT(shape, modes, grid, real=real, dtype=torch.float64, device=device)
     d = len(shape)
-    x = _random((*batch, *shape), torch.float64, 3, complex_=not real)
-    xhat = _random((*batch, *plan.mode_shape), torch.float64, 4, complex_=True)
+    x = random_tensor((*batch, *shape), torch.float64, 3, complex_=not real)
+    xhat = random_tensor((*batch, *plan.mode_shape), torch.float64, 4, complex_=True)
     blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
     shares = [plan.mode_slice(r) for r in range(size)]
 
@@ -211,8 +202,8 @@ def test_gradients_follow_sum_convention(ranks, case):
 @pytest.mark.parametrize("real", [True, False])
 def test_gradcheck_one_rank(real):
     plan = drift.TruncatedFFT((6, 5, 4), (2, [0, 2, -1], 2), (1, 1, 1), real=real, dtype=torch.float64)
-    x = _random((2, 6, 5, 4), torch.float64, 5, complex_=not real).requires_grad_(True)
-    xhat = _random((2, *plan.mode_shape), torch.float64, 6, complex_=True).requires_grad_(True)
+    x = random_tensor((2, 6, 5, 4), torch.float64, 5, complex_=not real).requires_grad_(True)
+    xhat = random_tensor((2, *plan.mode_shape), torch.float64, 6, complex_=True).requires_grad_(True)
     assert torch.autograd.gradcheck(plan.forward, (x,))
     assert torch.autograd.gradcheck(lambda t: plan.forward(t, out="sharded"), (x,))
     assert torch.autograd.gradcheck(plan.inverse, (xhat,))
@@ -222,7 +213,7 @@ def test_embedded_default_matches_reference():
     """World size 1 without init_process_group: the plan runs and issues no collective."""
     assert not dist.is_initialized()
     plan = drift.TruncatedFFT((10, 8), (3, 4), (1, 1), dtype=torch.float64)
-    x = _random((3, 10, 8), torch.float64, 7)
+    x = random_tensor((3, 10, 8), torch.float64, 7)
     with drift.comm_log() as log:
         out = plan.forward(x)
         share = plan.forward(x, out="sharded")
@@ -246,7 +237,7 @@ def test_flop_optimal_order():
 def _bytes_per_call(shape, grid, modes, batch):
     device = device_for(dist.get_rank())
     plan = drift.TruncatedFFT(shape, modes, grid, dtype=torch.float32, device=device)
-    x = drift.scatter(_random((batch, *shape), torch.float32, 8).to(device), grid).requires_grad_(True)
+    x = drift.scatter(random_tensor((batch, *shape), torch.float32, 8).to(device), grid).requires_grad_(True)
     records = {}
     for name, run in {
         "forward": lambda: plan.forward(x),
@@ -367,8 +358,8 @@ def test_one_bad_rank_fails_all_within_the_group_timeout():
 def test_chunked_unrecorded_passes_match(real):
     """Passes autograd does not record run in chunks of rows bounded by work_bytes."""
     plan = drift.TruncatedFFT((10, 9, 8), (3, [0, 2, -1], 3), (1, 1, 1), real=real, dtype=torch.float64)
-    x = _random((5, 3, 10, 9, 8), torch.float64, 13, complex_=not real)
-    xhat = _random((5, 3, *plan.mode_shape), torch.float64, 14, complex_=True)
+    x = random_tensor((5, 3, 10, 9, 8), torch.float64, 13, complex_=not real)
+    xhat = random_tensor((5, 3, *plan.mode_shape), torch.float64, 14, complex_=True)
     whole = plan.forward(x), plan.forward(x, out="sharded"), plan.inverse(xhat)
     plan.work_bytes = 1  # one row per chunk
     chunked = plan.forward(x), plan.forward(x, out="sharded"), plan.inverse(xhat)
