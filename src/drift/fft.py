@@ -341,30 +341,16 @@ class DistributedFFT:
             return t
         if self.modes is None:
             return self._full_transform(t, step, dims, first, inverse)
-        # Pruned: one dim at a time, truncated right after its transform (zero-filled right before its
-        # inverse), so every later transform of the step works on the smaller tensor. A real step
-        # starts with (and its inverse ends with) the real last dim.
-        d = len(self.global_shape)
-        order = sorted(step.dims, key=lambda i: i != d - 1) if self.kind == "r2c" and first else list(step.dims)
-        sizes = dict(zip(step.dims, step.sizes, strict=True))
         if not inverse:
-            for i in order:
-                if self.kind == "r2c" and first and i == d - 1:
-                    t = torch.fft.rfft(t, dim=i + 1, norm=self.norm)
-                else:
-                    t = torch.fft.fft(t, dim=i + 1, norm=self.norm)
+            t = self._full_transform(t, step, dims, first, inverse)
+            for i in step.dims:
                 t = t.index_select(i + 1, self._keep[i])
             return t
-        for i in reversed(order):
-            real_last = self.kind == "r2c" and first and i == d - 1
+        for i, n in zip(step.dims, step.sizes, strict=True):  # zero-fill the dropped modes
             full = list(t.shape)
-            full[i + 1] = sizes[i] // 2 + 1 if real_last else sizes[i]
+            full[i + 1] = n // 2 + 1 if (self.kind == "r2c" and i == len(self.global_shape) - 1) else n
             t = t.new_zeros(full).index_copy(i + 1, self._keep[i], t)
-            if real_last:
-                t = torch.fft.irfft(t, n=sizes[i], dim=i + 1, norm=self.norm)
-            else:
-                t = torch.fft.ifft(t, dim=i + 1, norm=self.norm)
-        return t
+        return self._full_transform(t, step, dims, first, inverse)
 
     def _full_transform(self, t: torch.Tensor, step: _Local, dims: tuple[int, ...], first: bool, inverse: bool):
         if self.kind == "dct2":
