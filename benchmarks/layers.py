@@ -26,11 +26,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.nn import functional as F
 
 import drift
-from drift.nn import PointwiseLinear, SpectralConv, neuralop_n_modes
-from drift.profiling import phase
+from drift.nn import PointwiseLinear, SpectralConv, fno_block, neuralop_n_modes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,9 +52,7 @@ def _block_worker(rank, size, shape, modes, width, method, repeats, backward_too
     barrier = dist.barrier if size > 1 else (lambda: None)
 
     def block(inp):
-        kx = conv(inp)
-        with phase("pointwise+gelu"):
-            return F.gelu(kx + linear(inp))
+        return fno_block(conv, linear, inp)
 
     def timed(fn):
         barrier()

@@ -171,3 +171,16 @@ def test_bad_layer_arguments():
         model.load_global_state(state)
     with pytest.raises(ValueError, match="state keys differ"):
         FNO(1, 1, 4, 2, (8, 8), (1, 1), n_layers=1, seed=0).load_global_state({})
+
+
+def test_fno_block_without_autograd_matches():
+    """The unrecorded block accumulates the pointwise gemm into the spectral output in place."""
+    model = FNO(2, 1, 6, (2, 2, 3), (9, 8, 6), (1, 1, 1), n_layers=2, dtype=torch.float64, seed=4)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 9)
+    recorded = model(x)
+    with torch.no_grad():
+        unrecorded = model(x)
+    with torch.inference_mode():
+        inference = model(x)
+    assert recorded.requires_grad and not unrecorded.requires_grad
+    assert rel_err(unrecorded, recorded) <= 1e-12 and rel_err(inference, recorded) <= 1e-12

@@ -1,6 +1,6 @@
 """Distributed neural-operator layers and models."""
 
-from drift.nn.fno import FNO, PointwiseLinear
+from drift.nn.fno import FNO, PointwiseLinear, fno_block
 from drift.nn.interop import from_neuralop_weight, neuralop_n_modes, to_neuralop_weight
 from drift.nn.spectral import METHODS, SpectralConv, spectral_weight
 
@@ -9,6 +9,7 @@ __all__ = [
     "METHODS",
     "PointwiseLinear",
     "SpectralConv",
+    "fno_block",
     "from_neuralop_weight",
     "neuralop_n_modes",
     "spectral_weight",

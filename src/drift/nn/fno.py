@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 from drift import comm
 from drift.nn.spectral import SpectralConv, shared_seed
+from drift.profiling import phase
 from drift.truncated import ModeSpec
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
@@ -42,14 +43,32 @@ class PointwiseLinear(nn.Module):
         self.bias = nn.Parameter(bias.to(dtype=dtype, device=device))
         self.group = group
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """``W x + b``, plus ``add`` (a tensor shaped like the output) when given."""
         weight, bias = self.weight, self.bias
         if comm.world_size(self.group) > 1:
             weight, bias = comm.replicate(weight, group=self.group), comm.replicate(bias, group=self.group)
         flat = x.reshape(x.shape[0], x.shape[1], -1)
-        # baddbmm adds the (broadcast) bias inside the gemm: one pass over the output instead of two.
-        y = torch.baddbmm(bias[None, :, None], weight.expand(x.shape[0], -1, -1), flat)
+        weight = weight.expand(x.shape[0], -1, -1)
+        if add is None:
+            # baddbmm adds the (broadcast) bias inside the gemm: one pass over the output instead of two.
+            y = torch.baddbmm(bias[None, :, None], weight, flat)
+        elif torch.is_grad_enabled() and (add.requires_grad or x.requires_grad or self.weight.requires_grad):
+            y = torch.baddbmm(add.reshape(flat.shape[0], -1, flat.shape[2]), weight, flat) + bias[None, :, None]
+        else:
+            # Unrecorded: accumulate into ``add`` itself (its owner hands it over), no new full-size tensor.
+            y = add.reshape(flat.shape[0], -1, flat.shape[2])
+            torch.baddbmm(y, weight, flat, out=y).add_(bias[None, :, None])
         return y.view(x.shape[0], -1, *x.shape[2:])
+
+
+def fno_block(spectral: SpectralConv, pointwise: PointwiseLinear, x: torch.Tensor, activation: bool = True):
+    """One FNO block, ``gelu(K x + W x)`` (no GeLU when ``activation`` is False). The spectral output is
+    a fresh tensor, so the pointwise gemm accumulates into it."""
+    y = spectral(x)
+    with phase("pointwise+gelu"):
+        y = pointwise(x, add=y)
+        return F.gelu(y) if activation else y
 
 
 class FNO(nn.Module):
@@ -113,9 +132,7 @@ class FNO(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.lift(x)
         for i, (spectral, pointwise) in enumerate(zip(self.spectral, self.pointwise, strict=True)):
-            x = spectral(x) + pointwise(x)
-            if i < len(self.spectral) - 1:
-                x = F.gelu(x)
+            x = fno_block(spectral, pointwise, x, activation=i < len(self.spectral) - 1)
         return self.project_out(F.gelu(self.project_hidden(x)))
 
     def global_state(self) -> dict[str, torch.Tensor]:
