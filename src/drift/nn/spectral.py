@@ -56,9 +56,12 @@ def shared_seed(seed: int | None, group=None) -> int:
 def mix_channels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``einsum("bi...,io...->bo...", x, w)`` over per-mode channel matrices: one multiply-add per input
     channel, vectorised over the modes (several times faster on CPU than einsum's tiny batched gemms)."""
-    y = x[:, 0, None] * w[0]
-    for i in range(1, x.shape[1]):
-        y = torch.addcmul(y, x[:, i, None], w[i])
+    # unbind, not indexing: its backward stacks the per-channel gradients once, where each index's
+    # backward would materialise a zero tensor the size of the whole weight.
+    xs, ws = x.unbind(1), w.unbind(0)
+    y = xs[0].unsqueeze(1) * ws[0]
+    for xi, wi in zip(xs[1:], ws[1:], strict=True):
+        y = torch.addcmul(y, xi.unsqueeze(1), wi)
     return y
 
 
