@@ -38,7 +38,7 @@ def rank(group=None) -> int:
     return dist.get_rank(group) if is_initialized() else 0
 
 
-_subgroups: dict[tuple, object] = {}
+_subgroups: dict[tuple, tuple] = {}
 
 
 def subgroup(members: list[int], group=None):
@@ -50,12 +50,17 @@ def subgroup(members: list[int], group=None):
     if len(members) == 1 or world_size(group) == 1:
         raise ValueError("a subgroup needs at least two ranks of an initialised process group")
     global_ranks = tuple(dist.get_global_rank(group, r) if group is not None else r for r in members)
-    key = (id(group), global_ranks)
-    if key not in _subgroups:
-        backend = (group or dist.group.WORLD)._get_backend(_backend_device(group))
-        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
-        _subgroups[key] = dist.new_group(list(global_ranks), timeout=timeout, use_local_synchronization=True)
-    return _subgroups[key]
+    parent = group or dist.group.WORLD
+    key = (id(parent), global_ranks)
+    cached = _subgroups.get(key)
+    # The cache keeps the parent alive, so its id cannot be reused: a new default group (after
+    # destroy_process_group and a new init) is another key and gets new subgroups.
+    if cached is None:
+        backend = parent._get_backend(_backend_device(group))
+        timeout = getattr(getattr(backend, "options", None), "_timeout", None)  # private: no public getter
+        sub = dist.new_group(list(global_ranks), timeout=timeout, use_local_synchronization=True)
+        _subgroups[key] = cached = (parent, sub)
+    return cached[1]
 
 
 def _backend_device(group) -> torch.device:
