@@ -376,7 +376,8 @@ class DistributedFFT:
                 t = self._transform(t, step, i == first_local, inverse)
             else:
                 step = step.reversed() if inverse else step
-                t = _exchange(t, step, work if i != last else None, ("inverse" if inverse else "forward", i))
+                # Forward and inverse never run at once: step i's buffers serve both directions.
+                t = _exchange(t, step, work if i != last else None, ("transpose", i))
         return t
 
     def _run_inplace(self, t: torch.Tensor, what: str, shape: tuple[int, ...], inverse: bool) -> torch.Tensor:
