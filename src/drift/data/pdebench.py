@@ -1,0 +1,203 @@
+"""PDEBench's 3D compressible Navier-Stokes layout: reading each rank's block, writing new files.
+
+A file holds the datasets ``density``, ``pressure``, ``Vx``, ``Vy``, ``Vz``, each float32 shaped
+``[batch, time, x, y, z]``, the cell-centre coordinates ``x-coordinate``, ``y-coordinate``,
+``z-coordinate`` (length n each) and ``t-coordinate`` (one more entry than frames), and the attributes
+``eta``, ``zeta`` and ``M``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from drift import comm
+from drift.decomposition import check_grid, local_slices
+
+FIELDS = ("density", "pressure", "Vx", "Vy", "Vz")
+COORDINATES = ("x-coordinate", "y-coordinate", "z-coordinate")
+
+
+class DataError(ValueError):
+    """A data file that cannot be read as PDEBench 3D data; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Per-field mean and standard deviation (over the training trajectories, every frame and point)."""
+
+    fields: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Stats:
+        d = json.loads(Path(path).read_text())
+        return cls(tuple(d["fields"]), tuple(d["mean"]), tuple(d["std"]))
+
+
+def write_pdebench3d(
+    path: str | Path, fields: dict[str, np.ndarray], *, t_end: float = 1.0, attrs: dict[str, float] | None = None
+) -> None:
+    """Write ``fields`` (name -> ``[batch, time, x, y, z]`` array) in PDEBench's 3D layout on the unit cube,
+    with cell-centre coordinates and ``time + 1`` equally spaced times up to ``t_end``."""
+    shapes = {name: np.shape(a) for name, a in fields.items()}
+    if len(set(shapes.values())) != 1 or len(next(iter(shapes.values()))) != 5:
+        raise ValueError(f"every field must share one [batch, time, x, y, z] shape, got {shapes}")
+    _, frames, *extents = next(iter(shapes.values()))
+    with h5py.File(path, "w") as f:
+        for name, array in fields.items():
+            f.create_dataset(name, data=np.asarray(array, dtype=np.float32))
+        for name, n in zip(COORDINATES, extents, strict=True):
+            f.create_dataset(name, data=(np.arange(n, dtype=np.float32) + 0.5) / n)
+        f.create_dataset("t-coordinate", data=np.linspace(0, t_end, frames + 1, dtype=np.float32))
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
+
+
+def _open(path: Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
+
+
+class PDEBench3D(torch.utils.data.Dataset):
+    """This rank's blocks of PDEBench 3D trajectories as (input frames, target frames) pairs.
+
+    Args:
+        path: the HDF5 file.
+        grid: ranks per spatial dim (as ``drift.local_slices``) over the selected grid.
+        t_in, t_out: frames 0..t_in-1 are the input, the next t_out frames the target (paper: 5 and 16).
+        fields: which fields, in channel order.
+        split: "train" (the first trajectories) or "test" (the last ``test_fraction`` of them, at least one
+            when the file holds two or more).
+        region: per spatial dim a (start, stop) range of the file's grid (default: all of it).
+        stride: keep every stride-th point per dim (an int for all dims, or one per dim): downsampling.
+        stats: normalisation; default: computed from the training trajectories (one all-reduce), also for
+            a test split. Pass the training set's ``stats`` to a test set.
+        group: the process group the grid lives on.
+
+    Item i: ``(x, y)`` float tensors ``(fields, t_in, *local block)`` and ``(fields, t_out, *local block)``,
+    normalised per field, read as hyperslabs: a rank never reads more than its block.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        grid: Sequence[int] = (1, 1, 1),
+        *,
+        t_in: int = 5,
+        t_out: int = 16,
+        fields: Sequence[str] = FIELDS,
+        split: str = "train",
+        test_fraction: float = 0.1,
+        region: Sequence[tuple[int, int]] | None = None,
+        stride: int | Sequence[int] = 1,
+        stats: Stats | None = None,
+        group=None,
+    ) -> None:
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if t_in < 1 or t_out < 1:
+            raise ValueError(f"t_in and t_out must be positive, got {t_in} and {t_out}")
+        self.path, self.fields, self.t_in, self.t_out, self.group = Path(path), tuple(fields), t_in, t_out, group
+        self._file: h5py.File | None = None  # opened on first read, in the process that reads
+        with _open(self.path) as f:
+            shape = self._check_layout(f)
+        trajectories, frames, *extents = shape
+        if frames < t_in + t_out:
+            raise DataError(
+                f"{self.path}: {self.fields[0]!r} has {frames} frames, fewer than t_in + t_out = {t_in + t_out}"
+            )
+        region = list(region) if region is not None else [(0, n) for n in extents]
+        strides = [stride] * 3 if isinstance(stride, int) else list(stride)
+        if len(region) != 3 or len(strides) != 3:
+            raise ValueError(f"region and stride need one entry per spatial dim, got {region} and {strides}")
+        selected = []
+        for dim, ((start, stop), step, n) in enumerate(zip(region, strides, extents, strict=True)):
+            if not 0 <= start < stop <= n or step < 1:
+                raise ValueError(f"region {(start, stop)} with stride {step} does not fit extent {n} of dim {dim}")
+            selected.append(range(start, stop, step))
+        self.global_shape = tuple(len(r) for r in selected)
+        self.grid = check_grid(self.global_shape, grid, comm.world_size(group))
+        block = local_slices(self.global_shape, self.grid, comm.rank(group))
+        # The file's hyperslab of this rank's block of the selected grid.
+        self._slab = tuple(slice(r[s.start], r[s.stop - 1] + 1, r.step) for r, s in zip(selected, block, strict=True))
+        self.local_shape = tuple(s.stop - s.start for s in block)
+        n_test = max(1, round(trajectories * test_fraction)) if trajectories > 1 else 0
+        train = list(range(trajectories - n_test))
+        self.trajectories = train if split == "train" else list(range(trajectories - n_test, trajectories))
+        self.stats = stats if stats is not None else self._statistics(train)
+        if self.stats.fields != self.fields:
+            raise ValueError(f"stats are for fields {self.stats.fields}, the data set reads {self.fields}")
+
+    def _check_layout(self, f: h5py.File) -> tuple[int, ...]:
+        shape = None
+        for key in self.fields:
+            if key not in f:
+                raise DataError(f"{self.path}: missing dataset {key!r} (has {sorted(f.keys())})")
+            if f[key].ndim != 5:
+                raise DataError(f"{self.path}: dataset {key!r} has shape {f[key].shape}, not [batch, time, x, y, z]")
+            if shape is not None and f[key].shape != shape:
+                raise DataError(
+                    f"{self.path}: dataset {key!r} has shape {f[key].shape}, {self.fields[0]!r} has {shape}"
+                )
+            shape = f[key].shape
+        for key, n in zip(COORDINATES, shape[2:], strict=True):
+            if key not in f or f[key].shape != (n,):
+                got = f[key].shape if key in f else "nothing"
+                raise DataError(f"{self.path}: coordinate {key!r} must have shape ({n},), got {got}")
+        return shape
+
+    def _read(self, key: str, trajectory: int, frames: slice) -> np.ndarray:
+        if self._file is None:
+            self._file = _open(self.path)
+        try:
+            return self._file[key][(trajectory, frames, *self._slab)]
+        except (OSError, KeyError) as exc:
+            raise DataError(f"{self.path}: cannot read dataset {key!r} ({exc})") from None
+
+    def _statistics(self, trajectories: list[int]) -> Stats:
+        """Mean and std per field over every frame and point of ``trajectories`` (sums over ranks)."""
+        sums = torch.zeros(len(self.fields), 3, dtype=torch.float64)
+        frames = slice(0, self.t_in + self.t_out)
+        for i, key in enumerate(self.fields):
+            for t in trajectories:
+                block = self._read(key, t, frames).astype(np.float64)
+                sums[i] += torch.tensor([block.size, block.sum(), np.square(block).sum()], dtype=torch.float64)
+        if comm.world_size(self.group) > 1:
+            sums = comm.all_reduce(sums, group=self.group)
+        count, total, squares = sums.unbind(1)
+        mean = total / count.clamp(min=1)
+        std = (squares / count.clamp(min=1) - mean.square()).clamp(min=0).sqrt()
+        return Stats(self.fields, tuple(mean.tolist()), tuple(max(s, 1e-12) for s in std.tolist()))
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.trajectories[index]
+        frames = slice(0, self.t_in + self.t_out)
+        data = np.stack([self._read(key, t, frames) for key in self.fields]).astype(np.float32)
+        mean = np.asarray(self.stats.mean, dtype=np.float32).reshape(-1, 1, 1, 1, 1)
+        std = np.asarray(self.stats.std, dtype=np.float32).reshape(-1, 1, 1, 1, 1)
+        data = torch.from_numpy((data - mean) / std)
+        return data[:, : self.t_in].contiguous(), data[:, self.t_in :].contiguous()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_file": None}  # an open HDF5 handle does not travel to loader workers
+
+    @property
+    def samples_shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of ``(x, y)`` for one item on this rank."""
+        return (len(self.fields), self.t_in, *self.local_shape), (len(self.fields), self.t_out, *self.local_shape)

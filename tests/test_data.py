@@ -1,0 +1,131 @@
+"""PDEBench3D: every rank reads its own block, normalised, on generated files; bad files fail clearly."""
+
+from __future__ import annotations
+
+import math
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import drift
+from drift.data import FIELDS, DataError, PDEBench3D, Stats, write_pdebench3d
+
+SHAPE = (5, 7, 12, 10, 9)  # batch, time, x, y, z
+
+
+def _fields(seed=0):
+    rng = np.random.default_rng(seed)
+    return {name: (rng.standard_normal(SHAPE) * (i + 1) + i).astype(np.float32) for i, name in enumerate(FIELDS)}
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pdebench") / "cfd.hdf5"
+    write_pdebench3d(path, _fields(), attrs={"M": 1.0, "eta": 1e-8, "zeta": 1e-8})
+    return path
+
+
+def _normalised(arrays, t, frames, region, stats):
+    """Field stack ``(fields, frames, *region)`` of trajectory t, normalised with ``stats``."""
+    data = np.stack([arrays[k][(t, slice(0, frames), *region)] for k in FIELDS])
+    return (data - np.reshape(stats.mean, (-1, 1, 1, 1, 1))) / np.reshape(stats.std, (-1, 1, 1, 1, 1))
+
+
+def test_reads_normalised_pairs_on_one_rank(data_file):
+    arrays = _fields()
+    train = PDEBench3D(data_file, t_in=2, t_out=4)
+    test = PDEBench3D(data_file, t_in=2, t_out=4, split="test", stats=train.stats)
+    assert len(train) == 4 and len(test) == 1 and train.global_shape == (12, 10, 9)
+    frames = np.stack([arrays[k][:4, :6] for k in FIELDS]).reshape(len(FIELDS), -1)
+    assert np.allclose(train.stats.mean, frames.mean(1), rtol=1e-6)
+    assert np.allclose(train.stats.std, frames.std(1), rtol=1e-6)
+    for ds, trajectories in ((train, range(4)), (test, [4])):
+        for i, t in enumerate(trajectories):
+            want = _normalised(arrays, t, 6, (slice(None),) * 3, train.stats)
+            x_want, y_want = want[:, :2], want[:, 2:]
+            x, y = ds[i]
+            assert x.dtype == torch.float32 and x.shape == (5, 2, 12, 10, 9) and y.shape == (5, 4, 12, 10, 9)
+            assert np.allclose(x.numpy(), x_want, atol=1e-5) and np.allclose(y.numpy(), y_want, atol=1e-5)
+
+
+def test_region_and_stride_select_the_grid(data_file):
+    arrays = _fields()
+    ds = PDEBench3D(data_file, t_in=3, t_out=2, region=[(2, 11), (1, 10), (0, 9)], stride=(2, 3, 1))
+    assert ds.global_shape == (5, 3, 9)
+    x, y = ds[1]
+    want = _normalised(arrays, 1, 5, (slice(2, 11, 2), slice(1, 10, 3), slice(0, 9)), ds.stats)
+    x_want, y_want = want[:, :3], want[:, 3:]
+    assert np.allclose(x.numpy(), x_want, atol=1e-5) and np.allclose(y.numpy(), y_want, atol=1e-5)
+
+
+def _rank_reads(path, grid, region, stride):
+    ds = PDEBench3D(path, grid, t_in=2, t_out=3, region=region, stride=stride)
+    slices = drift.local_slices(ds.global_shape, grid, dist.get_rank())
+    with drift.comm_log() as log:
+        again = PDEBench3D(path, grid, t_in=2, t_out=3, region=region, stride=stride)
+    assert log.kinds() == ["all_reduce"] and again.stats == ds.stats
+    items = [tuple(t.numpy() for t in ds[i]) for i in range(len(ds))]
+    return ds.stats, slices, items
+
+
+@pytest.mark.parametrize(
+    ("grid", "region", "stride"),
+    [((2, 1, 1), None, 1), ((1, 3, 1), [(1, 12), (0, 10), (2, 9)], 2), ((2, 2, 1), None, (1, 2, 1))],
+)
+def test_every_rank_reads_its_block(ranks, data_file, grid, region, stride):
+    results = ranks.run(math.prod(grid), _rank_reads, data_file, grid, region, stride)
+    stats = results[0][0]
+    single = PDEBench3D(data_file, t_in=2, t_out=3, region=region, stride=stride)
+    assert np.allclose(stats.mean, single.stats.mean, rtol=1e-9) and np.allclose(stats.std, single.stats.std, rtol=1e-9)
+    for rank_stats, slices, items in results:
+        assert rank_stats == stats
+        for t, (x, y) in enumerate(items):
+            whole_x, whole_y = (a.numpy() for a in single[t])
+            assert np.allclose(x, whole_x[(slice(None), slice(None), *slices)], atol=1e-6)
+            assert np.allclose(y, whole_y[(slice(None), slice(None), *slices)], atol=1e-6)
+
+
+def test_stats_roundtrip(tmp_path, data_file):
+    stats = PDEBench3D(data_file, t_in=2, t_out=4).stats
+    stats.save(tmp_path / "stats.json")
+    assert Stats.load(tmp_path / "stats.json") == stats
+
+
+def test_bad_files_name_the_file_and_key(tmp_path):
+    text = tmp_path / "notes.hdf5"
+    text.write_text("not hdf5")
+    with pytest.raises(DataError, match=r"notes.hdf5: not a readable HDF5 file"):
+        PDEBench3D(text)
+
+    good = tmp_path / "good.hdf5"
+    write_pdebench3d(good, _fields())
+    truncated = tmp_path / "truncated.hdf5"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(DataError, match=r"truncated.hdf5"):
+        ds = PDEBench3D(truncated, t_in=2, t_out=4)
+        ds[0]
+
+    missing = tmp_path / "missing.hdf5"
+    arrays = _fields()
+    del arrays["Vz"]
+    write_pdebench3d(missing, arrays)
+    with pytest.raises(DataError, match=r"missing.hdf5: missing dataset 'Vz'"):
+        PDEBench3D(missing)
+
+    wrong = tmp_path / "wrong.hdf5"
+    write_pdebench3d(wrong, _fields())
+    with h5py.File(wrong, "a") as f:
+        del f["pressure"]
+        f.create_dataset("pressure", data=np.zeros((5, 7, 12, 10), dtype=np.float32))
+    with pytest.raises(DataError, match=r"wrong.hdf5: dataset 'pressure' has shape \(5, 7, 12, 10\)"):
+        PDEBench3D(wrong)
+
+    with pytest.raises(DataError, match=r"good.hdf5: 'density' has 7 frames, fewer than t_in \+ t_out = 21"):
+        PDEBench3D(good)
+    with pytest.raises(ValueError, match="does not fit extent 12 of dim 0"):
+        PDEBench3D(good, t_in=2, t_out=4, region=[(0, 13), (0, 10), (0, 9)])
+    with pytest.raises(ValueError, match="has 2 ranks but the process group has 1"):
+        PDEBench3D(good, (2, 1, 1), t_in=2, t_out=4)
