@@ -1,4 +1,4 @@
-"""The ``drift`` command. Subcommands: ``info`` (more arrive with training and benchmarks)."""
+"""The ``drift`` command. Subcommands: ``info``, ``generate`` (training and benchmarks follow)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,37 @@ def _info(_: argparse.Namespace) -> int:
     return 0
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from drift.data import generate
+
+    generate(
+        args.out,
+        samples=args.samples,
+        resolution=args.resolution,
+        frames=args.frames,
+        t_end=args.t_end,
+        mach=args.mach,
+        eta=args.eta,
+        zeta=args.zeta,
+        seed=args.seed,
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="drift", description="Distributed spectral operators for Fourier neural operators."
@@ -32,6 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     info = commands.add_parser("info", help="show versions, distributed backends and devices")
     info.set_defaults(run=_info)
+    gen = commands.add_parser(
+        "generate",
+        help="write PDEBench-layout 3D compressible Navier-Stokes trajectories from random initial data",
+        description="Finite-volume solver (MUSCL + Rusanov, SSP-RK2) on the periodic unit cube, gamma = 5/3.",
+    )
+    gen.add_argument("--out", default="data/3D_CFD_generated.hdf5", help="output HDF5 file")
+    gen.add_argument("--samples", type=_positive(int), default=4)
+    gen.add_argument("--resolution", type=_positive(int), default=32, help="cells per dim")
+    gen.add_argument("--frames", type=_positive(int), default=21, help="saved frames, t = 0 included")
+    gen.add_argument("--t-end", type=_positive(float), default=1.0)
+    gen.add_argument("--mach", type=_positive(float), default=1.0)
+    gen.add_argument("--eta", type=float, default=1e-8, help="shear viscosity")
+    gen.add_argument("--zeta", type=float, default=1e-8, help="bulk viscosity")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(run=_generate)
     return parser
 
 

@@ -1,5 +1,6 @@
-"""Data sets: PDEBench's 3D compressible Navier-Stokes layout."""
+"""Data sets: PDEBench's 3D compressible Navier-Stokes layout, and a solver that writes it."""
 
+from drift.data.navier_stokes import generate
 from drift.data.pdebench import FIELDS, DataError, PDEBench3D, Stats, write_pdebench3d
 
-__all__ = ["FIELDS", "DataError", "PDEBench3D", "Stats", "write_pdebench3d"]
+__all__ = ["FIELDS", "DataError", "PDEBench3D", "Stats", "generate", "write_pdebench3d"]
