@@ -196,8 +196,3 @@ class PDEBench3D(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None}  # an open HDF5 handle does not travel to loader workers
-
-    @property
-    def samples_shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Shapes of ``(x, y)`` for one item on this rank."""
-        return (len(self.fields), self.t_in, *self.local_shape), (len(self.fields), self.t_out, *self.local_shape)
