@@ -224,6 +224,8 @@ class DistributedFFT:
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if inplace and kind != "c2c":
+            raise ValueError(f"inplace=True transforms c2c in the input's storage; kind {kind!r} is not supported")
         self.complex_dtype = complex_dtype(dtype)
         norms = ("backward", "ortho") if kind == "dct2" else ("backward", "ortho", "forward")
         if norm not in norms:
@@ -255,8 +257,6 @@ class DistributedFFT:
         self._workspace = Workspace(self.device)
         self.staging_bytes = STAGING_BYTES
         if inplace:
-            if kind != "c2c":
-                raise ValueError(f"inplace=True transforms c2c in the input's storage; kind {kind!r} is not supported")
             uneven = [st for st in self._steps if isinstance(st, _Transpose) and not _even(st)]
             if uneven:
                 raise ValueError(
