@@ -121,13 +121,8 @@ class SpectralConv(nn.Module):
         self._shares = [self._share_index(r) for r in range(self.world_size)]
         if method == "dfno":
             # Where this rank's kept modes sit in its spectral block (a Cartesian sub-block).
-            block = self.plan.output_slices(self.rank)
-            positions = [
-                torch.tensor(
-                    [f - s.start for f in m if s.start <= f < s.stop], dtype=torch.int64, device=self.plan.device
-                )
-                for m, s in zip(self.modes, block, strict=True)
-            ]
+            offsets = [[offset for _, offset in dim] for dim in self._modes_in_block(self.rank)]
+            positions = [torch.tensor(o, dtype=torch.int64, device=self.plan.device) for o in offsets]
             self._block_index = torch.meshgrid(*positions, indexing="ij")
         w = spectral_weight(in_channels, out_channels, self.mode_shape, shared_seed(seed, group), dtype)
         self.weight = nn.Parameter(self._take_share(w.to(self.plan.device)))
@@ -138,16 +133,22 @@ class SpectralConv(nn.Module):
             f"mode_shape={self.mode_shape}, method={self.method!r}, rank={self.rank}/{self.world_size}"
         )
 
+    def _modes_in_block(self, rank: int) -> list[list[tuple[int, int]]]:
+        """dfno: per dim, the kept modes inside ``rank``'s spectral block as (position in the mode list,
+        offset in the block)."""
+        block = self.plan.output_slices(rank)
+        return [
+            [(p, f - s.start) for p, f in enumerate(m) if s.start <= f < s.stop]
+            for m, s in zip(self.modes, block, strict=True)
+        ]
+
     def _share_index(self, rank: int) -> tuple[torch.Tensor, tuple[int, ...]]:
         """Rank ``rank``'s share: flat indices into the row-major modes, in storage order, and its shape."""
         if self.method == "drift":
             s = self.plan.mode_slice(rank)
             return torch.arange(s.start, s.stop), (s.stop - s.start,)
         if self.method == "dfno":
-            block = self.plan.output_slices(rank)
-            per_dim = [
-                [p for p, f in enumerate(m) if s.start <= f < s.stop] for m, s in zip(self.modes, block, strict=True)
-            ]
+            per_dim = [[p for p, _ in dim] for dim in self._modes_in_block(rank)]
         else:
             per_dim = [list(range(s.start, s.stop)) for s in self.plan.output_slices(rank)]
         shape = tuple(len(p) for p in per_dim)
