@@ -1,8 +1,11 @@
-"""The ``drift`` command. Subcommands: ``info``, ``generate`` (training and benchmarks follow)."""
+"""The ``drift`` command. Subcommands: ``info``, ``generate``, ``train``, ``evaluate``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 import platform
 import sys
 from collections.abc import Sequence
@@ -42,6 +45,127 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fail(command: str, message: str) -> int:
+    print(f"drift {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _train_rank(config) -> list[dict]:
+    """One rank of ``drift train``: join the group, make sure the data exist, train."""
+    from drift import comm
+    from drift.launch import join_process_group, leave_process_group
+    from drift.train import check_config, ensure_default_data, train
+
+    join_process_group(config.device)
+    try:
+        if config.data is None:
+            # Under torchrun the ranks start before anyone could generate the data: rank 0 does.
+            if comm.rank() == 0:
+                ensure_default_data(config.progress)
+            comm.barrier()
+            config = dataclasses.replace(config, data=str(ensure_default_data(False)))
+        check_config(config, comm.world_size())
+        return train(config)
+    finally:
+        leave_process_group()
+
+
+def _train(args: argparse.Namespace) -> int:
+    from drift.checkpoint import CheckpointError
+    from drift.data import DataError
+    from drift.launch import RankError, launched, run_ranks
+    from drift.train import ConfigError, TrainConfig, check_config, ensure_default_data
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    try:
+        if launched():
+            world = int(os.environ["WORLD_SIZE"])
+            if args.nproc is not None and args.nproc != world:
+                raise ConfigError(f"--nproc {args.nproc} under torchrun, which started {world} ranks")
+            config.nproc = world
+            if config.data is not None:
+                check_config(config, world)
+            _train_rank(config)
+            return 0
+        if config.data is None:
+            config.data = str(ensure_default_data())
+        check_config(config, config.nproc)
+        history = run_ranks(_train_rank, (config,), config.nproc)[0]
+    except (ConfigError, DataError, CheckpointError, RankError) as exc:
+        return _fail("train", str(exc))
+    last = history[-1] if history else None
+    if last is not None:
+        print(f"done: {last['epoch']} epochs, test relative L2 {last['test_rel_l2']:.4f}; outputs in {config.out}")
+    return 0
+
+
+def _evaluate_rank(kwargs: dict) -> dict:
+    from drift.launch import join_process_group, leave_process_group
+    from drift.train import evaluate
+
+    join_process_group(kwargs["device"])
+    try:
+        return evaluate(**kwargs)
+    finally:
+        leave_process_group()
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from drift.checkpoint import CheckpointError
+    from drift.data import DataError
+    from drift.launch import RankError, launched, run_ranks
+    from drift.train import ConfigError
+
+    kwargs = dict(
+        checkpoint=args.checkpoint,
+        data=args.data,
+        method=args.method,
+        grid=args.grid,
+        device=args.device,
+        batch_size=args.batch_size,
+    )
+    try:
+        if launched():
+            result = _evaluate_rank(kwargs)
+        else:
+            result = run_ranks(_evaluate_rank, (kwargs,), args.nproc or 1)[0]
+    except (ConfigError, DataError, CheckpointError, RankError, ValueError) as exc:
+        return _fail("evaluate", str(exc))
+    if not launched() or int(os.environ.get("RANK", 0)) == 0:
+        print(
+            f"test relative L2 {result['test_rel_l2']:.4f} over {result['test_trajectories']} trajectories "
+            f"({result['method']} on {result['ranks']} ranks; epoch {result['epoch']} checkpoint from "
+            f"{result['trained_on']} ranks)"
+        )
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+    return 0
+
+
+def _grid(text: str) -> tuple[int, ...]:
+    try:
+        grid = tuple(int(p) for p in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a grid like 4x1x1") from None
+    if len(grid) != 3 or min(grid) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need three positive rank counts (x, y, z), like 4x1x1")
+    return grid
+
+
+def _modes(text: str) -> tuple[int, ...]:
+    try:
+        modes = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a mode count like 4 or 8,8,8,4") from None
+    if len(modes) == 1:
+        modes *= 4
+    if len(modes) != 4 or min(modes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need one or four positive counts (x, y, z, t)")
+    return modes
+
+
 def _positive(kind):
     def parse(text: str):
         try:
@@ -78,7 +202,58 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--zeta", type=float, default=1e-8, help="bulk viscosity")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(run=_generate)
+    _add_train(commands)
+    _add_evaluate(commands)
     return parser
+
+
+def _add_train(commands) -> None:
+    from drift.nn import METHODS
+    from drift.train import TrainConfig
+
+    d = TrainConfig()
+    train = commands.add_parser(
+        "train",
+        help="train a distributed 3D+time FNO on PDEBench-layout Navier-Stokes data",
+        description="Adam + MSE; test relative L2 every epoch; a sharded checkpoint per epoch. Runs alone "
+        "(--nproc N starts N local ranks) or under torchrun --nproc-per-node N -m drift train.",
+    )
+    train.add_argument("--data", help="PDEBench 3D CFD HDF5 file (default: generate a small set into the cache)")
+    train.add_argument("--grid", type=_grid, help="ranks per spatial dim, like 4x1x1 (default: a slab, Px1x1)")
+    train.add_argument("--method", choices=METHODS, default=d.method, help="spectral convolution")
+    train.add_argument("--width", type=_positive(int), default=d.width, help="channels inside the FNO")
+    train.add_argument("--modes", type=_modes, default=d.modes, help="modes per dim (x,y,z,t), Li et al.'s k")
+    train.add_argument("--layers", type=_positive(int), default=d.layers, help="Fourier blocks")
+    train.add_argument("--epochs", type=_positive(int), default=d.epochs)
+    train.add_argument("--lr", type=_positive(float), default=d.lr, help="Adam learning rate")
+    train.add_argument("--batch-size", type=_positive(int), default=d.batch_size)
+    train.add_argument("--seed", type=int, default=d.seed, help="weights and shuffling")
+    train.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="cpu (Gloo) or cuda (NCCL)")
+    train.add_argument("--out", default=d.out, help="run folder: metrics, checkpoints, plots")
+    train.add_argument("--nproc", type=_positive(int), help="local ranks to start (default 1)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    train.add_argument("--t-in", type=_positive(int), default=d.t_in, help="input frames")
+    train.add_argument("--t-out", type=_positive(int), default=d.t_out, help="predicted frames")
+    train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    train.set_defaults(run=_train)
+
+
+def _add_evaluate(commands) -> None:
+    from drift.nn import METHODS
+
+    ev = commands.add_parser(
+        "evaluate",
+        help="relative L2 of a trained checkpoint on the test split, on any number of ranks",
+    )
+    ev.add_argument("checkpoint", help="a run folder (its latest checkpoint) or one checkpoint folder")
+    ev.add_argument("--data", help="data file (default: the one the run trained on)")
+    ev.add_argument("--method", choices=METHODS, help="spectral convolution (default: the run's)")
+    ev.add_argument("--grid", type=_grid, help="ranks per spatial dim (default: a slab)")
+    ev.add_argument("--nproc", type=_positive(int), help="local ranks to start (default 1)")
+    ev.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ev.add_argument("--batch-size", type=_positive(int), default=2)
+    ev.add_argument("--json", help="also write the result to this JSON file")
+    ev.set_defaults(run=_evaluate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -259,6 +259,12 @@ def broadcast(x: torch.Tensor, *, src: int = 0, group=None) -> torch.Tensor:
     return out
 
 
+def barrier(group=None) -> None:
+    """Wait until every rank of ``group`` arrives (nothing to do on one rank)."""
+    if world_size(group) > 1:
+        dist.barrier(group=group)
+
+
 def replicate(x: torch.Tensor, *, group=None) -> torch.Tensor:
     """``x`` unchanged, for a tensor held identically on every rank (a replicated parameter).
 

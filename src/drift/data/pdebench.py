@@ -71,6 +71,27 @@ def _open(path: Path) -> h5py.File:
         raise DataError(f"{path}: not a readable HDF5 file ({exc})") from None
 
 
+def read_layout(path: str | Path, fields: Sequence[str] = FIELDS) -> tuple[int, ...]:
+    """The ``(trajectories, frames, x, y, z)`` shape of ``fields`` in a PDEBench 3D file, after checking
+    that every field and coordinate is there with a consistent shape (``DataError`` otherwise)."""
+    path = Path(path)
+    with _open(path) as f:
+        shape = None
+        for key in fields:
+            if key not in f:
+                raise DataError(f"{path}: missing dataset {key!r} (has {sorted(f.keys())})")
+            if f[key].ndim != 5:
+                raise DataError(f"{path}: dataset {key!r} has shape {f[key].shape}, not [batch, time, x, y, z]")
+            if shape is not None and f[key].shape != shape:
+                raise DataError(f"{path}: dataset {key!r} has shape {f[key].shape}, {fields[0]!r} has {shape}")
+            shape = f[key].shape
+        for key, n in zip(COORDINATES, shape[2:], strict=True):
+            if key not in f or f[key].shape != (n,):
+                got = f[key].shape if key in f else "nothing"
+                raise DataError(f"{path}: coordinate {key!r} must have shape ({n},), got {got}")
+    return tuple(shape)
+
+
 class PDEBench3D(torch.utils.data.Dataset):
     """This rank's blocks of PDEBench 3D trajectories as (input frames, target frames) pairs.
 
@@ -112,9 +133,7 @@ class PDEBench3D(torch.utils.data.Dataset):
             raise ValueError(f"t_in and t_out must be positive, got {t_in} and {t_out}")
         self.path, self.fields, self.t_in, self.t_out, self.group = Path(path), tuple(fields), t_in, t_out, group
         self._file: h5py.File | None = None  # opened on first read, in the process that reads
-        with _open(self.path) as f:
-            shape = self._check_layout(f)
-        trajectories, frames, *extents = shape
+        trajectories, frames, *extents = read_layout(self.path, self.fields)
         if frames < t_in + t_out:
             raise DataError(
                 f"{self.path}: {self.fields[0]!r} has {frames} frames, fewer than t_in + t_out = {t_in + t_out}"
@@ -140,24 +159,6 @@ class PDEBench3D(torch.utils.data.Dataset):
         self.stats = stats if stats is not None else self._statistics(train)
         if self.stats.fields != self.fields:
             raise ValueError(f"stats are for fields {self.stats.fields}, the data set reads {self.fields}")
-
-    def _check_layout(self, f: h5py.File) -> tuple[int, ...]:
-        shape = None
-        for key in self.fields:
-            if key not in f:
-                raise DataError(f"{self.path}: missing dataset {key!r} (has {sorted(f.keys())})")
-            if f[key].ndim != 5:
-                raise DataError(f"{self.path}: dataset {key!r} has shape {f[key].shape}, not [batch, time, x, y, z]")
-            if shape is not None and f[key].shape != shape:
-                raise DataError(
-                    f"{self.path}: dataset {key!r} has shape {f[key].shape}, {self.fields[0]!r} has {shape}"
-                )
-            shape = f[key].shape
-        for key, n in zip(COORDINATES, shape[2:], strict=True):
-            if key not in f or f[key].shape != (n,):
-                got = f[key].shape if key in f else "nothing"
-                raise DataError(f"{self.path}: coordinate {key!r} must have shape ({n},), got {got}")
-        return shape
 
     def _read(self, key: str, trajectory: int, frames: slice) -> np.ndarray:
         if self._file is None:

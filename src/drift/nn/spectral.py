@@ -125,7 +125,7 @@ class SpectralConv(nn.Module):
             positions = [torch.tensor(o, dtype=torch.int64, device=self.plan.device) for o in offsets]
             self._block_index = torch.meshgrid(*positions, indexing="ij")
         w = spectral_weight(in_channels, out_channels, self.mode_shape, shared_seed(seed, group), dtype)
-        self.weight = nn.Parameter(self._take_share(w.to(self.plan.device)))
+        self.weight = nn.Parameter(self.share_of(w.to(self.plan.device)))
 
     def extra_repr(self) -> str:
         return (
@@ -160,7 +160,9 @@ class SpectralConv(nn.Module):
             flat = flat + torch.tensor(p, dtype=torch.int64).view(view) * stride
         return flat.reshape(-1), shape
 
-    def _take_share(self, w: torch.Tensor) -> torch.Tensor:
+    def share_of(self, w: torch.Tensor) -> torch.Tensor:
+        """This rank's share of a full ``(in, out, K1, ..., Kd)`` tensor (the weight, a gradient, an
+        optimiser moment), shaped like ``weight``."""
         index, shape = self._shares[self.rank]
         flat = w.reshape(self.in_channels, self.out_channels, -1)
         return flat[:, :, index.to(w.device)].reshape(self.in_channels, self.out_channels, *shape)
@@ -174,7 +176,7 @@ class SpectralConv(nn.Module):
                 f"global weight must be {self.weight.dtype} of shape {expected}, "
                 f"got {w.dtype} of shape {tuple(w.shape)}"
             )
-        self.weight.copy_(self._take_share(w.to(self.weight.device)))
+        self.weight.copy_(self.share_of(w.to(self.weight.device)))
 
     @torch.no_grad()
     def gather_shares(self, share: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,88 @@
+"""Starting ranks: joining the process group torchrun describes, or starting local ranks ourselves.
+
+``run_ranks(fn, args, nproc)`` starts ``nproc`` local ranks through torch's elastic launcher (the
+machinery behind torchrun, rendezvous on 127.0.0.1) and calls ``fn(*args)`` in each; with
+``nproc == 1`` it calls ``fn`` in this process, with no process group. Inside a rank,
+``join_process_group(device)`` initialises the default group from the environment torchrun or the
+launcher set (Gloo for CPU, NCCL for CUDA) and picks this rank's device.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import uuid
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from drift.errors import PlanError
+
+TIMEOUT = datetime.timedelta(minutes=30)  # generous: rank 0 may write the default data set first
+
+
+class RankError(RuntimeError):
+    """A rank of a launched group failed; the message names the rank and its error."""
+
+
+def launched() -> bool:
+    """Whether this process is one rank of a torchrun (or ``run_ranks``) group."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def join_process_group(device: str = "cpu") -> torch.device:
+    """Join the group the environment describes (if any) and return this rank's device.
+
+    Sets the thread count to this machine's cores shared among the local ranks, unless
+    ``OMP_NUM_THREADS`` says otherwise.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_size))
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise PlanError("--device cuda: no CUDA device is available")
+        where = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(where)
+    else:
+        where = torch.device("cpu")
+    if launched() and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=TIMEOUT)
+    return where
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, args: tuple, nproc: int) -> list:
+    """``[fn(*args) on rank r for r in range(nproc)]``, each rank a fresh local process (``nproc > 1``).
+
+    ``fn`` must be importable (a module-level function). If a rank fails, the launcher stops the others
+    and ``RankError`` carries the first failure's message.
+    """
+    if nproc == 1:
+        return [fn(*args)]
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    try:
+        results = elastic_launch(config, fn)(*args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        raise RankError(f"rank {rank} failed (exit code {failure.exitcode})") from None
+    return [results[r] for r in range(nproc)]

@@ -1,0 +1,206 @@
+"""drift train / evaluate: distributed training equals one rank, resume is exact, checkpoints move
+between rank counts and methods, and bad options fail with one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from harness import DEVICE_ENV
+
+from drift import comm
+from drift.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from drift.cli import main
+from drift.data import generate
+from drift.train import TrainConfig, build_model, evaluate, train
+
+DEVICE = os.environ.get(DEVICE_ENV, "cpu")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("train") / "cfd.hdf5"
+    generate(path, samples=4, resolution=8, frames=7, seed=1, progress=False)
+    return str(path)
+
+
+def _config(data, out, **changes) -> TrainConfig:
+    base = TrainConfig(
+        data=data, t_in=2, t_out=4, width=4, modes=(2, 2, 2, 2), layers=2, epochs=3, batch_size=2, lr=1e-2
+    )
+    return dataclasses.replace(base, out=str(out), device=DEVICE, progress=False, **changes)
+
+
+def _train(config: TrainConfig) -> list[dict]:
+    return train(config)
+
+
+def _train_then_state(config: TrainConfig) -> tuple[list[dict], dict]:
+    history = train(config)
+    model = build_model(config, (8, 8, 8), config.grid or (comm.world_size(), 1, 1), DEVICE)
+    load_checkpoint(latest_checkpoint(os.path.join(config.out, "checkpoints")), model)
+    return history, {k: v.cpu() for k, v in model.global_state().items()}
+
+
+def _losses(history):
+    return [(r["train_loss"], r["test_rel_l2"]) for r in history]
+
+
+def _close(a, b, rtol):
+    return all(abs(x - y) <= rtol * abs(y) for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True))
+
+
+def test_two_ranks_train_like_one(ranks, data, tmp_path):
+    one = ranks.run(1, _train, _config(data, tmp_path / "p1"))[0]
+    two = ranks.run(2, _train, _config(data, tmp_path / "p2"))
+    pencil = ranks.run(4, _train, _config(data, tmp_path / "p4", grid=(2, 2, 1)))
+    assert _losses(two[0]) == _losses(two[1]) and _losses(pencil[0]) == _losses(pencil[3])
+    assert len(one) == 3 and one[-1]["train_loss"] < one[0]["train_loss"]
+    assert _close(_losses(two[0]), _losses(one), 1e-5) and _close(_losses(pencil[0]), _losses(one), 1e-5)
+    rows = [json.loads(line) for line in (tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()]
+    assert _losses(rows) == _losses(two[0])
+    for name in ("loss.png", "slice.png", "stats.json"):
+        assert (tmp_path / "p2" / name).stat().st_size > 0
+
+
+def test_drift_and_dfno_train_alike(ranks, data, tmp_path):
+    drift = ranks.run(2, _train, _config(data, tmp_path / "drift"))[0]
+    for method in ("dfno", "dfno-pruned"):
+        other = ranks.run(2, _train, _config(data, tmp_path / method, method=method))[0]
+        assert _close(_losses(other), _losses(drift), 1e-5), (method, other, drift)
+
+
+def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path):
+    whole, state = ranks.run(2, _train_then_state, _config(data, tmp_path / "whole"))[0]
+    ranks.run(2, _train, _config(data, tmp_path / "split", epochs=2))
+    # A crash while writing the next checkpoint leaves a partial folder; latest still names epoch 2.
+    partial = tmp_path / "split" / "checkpoints" / "epoch-0003.partial"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"torn")
+    assert latest_checkpoint(tmp_path / "split" / "checkpoints").name == "epoch-0002"
+    resumed, resumed_state = ranks.run(2, _train_then_state, _config(data, tmp_path / "split", resume=True))[0]
+    assert resumed == [dict(r, seconds=s["seconds"]) for r, s in zip(whole, resumed, strict=True)]
+    for name, value in state.items():
+        assert torch.equal(resumed_state[name], value), name
+    rows = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+
+
+def _evaluate(run, method):
+    return evaluate(run, method=method, device=DEVICE)
+
+
+def test_checkpoint_from_two_ranks_evaluates_anywhere(ranks, data, tmp_path):
+    run = tmp_path / "run"
+    history = ranks.run(2, _train, _config(data, run))[0]
+    last = history[-1]["test_rel_l2"]
+    on_one = ranks.run(1, _evaluate, str(run), None)[0]
+    assert on_one["ranks"] == 1 and on_one["trained_on"] == 2 and on_one["epoch"] == 3
+    assert abs(on_one["test_rel_l2"] - last) <= 1e-5 * last
+    for result in ranks.run(3, _evaluate, str(run), "dfno-pruned"):
+        assert abs(result["test_rel_l2"] - last) <= 1e-5 * last
+
+
+def _save_and_moments(config: TrainConfig, root: str) -> dict:
+    """Train one epoch without checkpoints of its own, save into ``root``; the global weights and
+    global Adam moments of every spectral weight."""
+    torch.manual_seed(0)
+    grid = config.grid or (comm.world_size(), 1, 1)
+    model = build_model(config, (8, 8, 8), grid, DEVICE)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(1, model.lift.weight.shape[1], *model.spectral[0].plan.local_shape, device=DEVICE)
+    model(x).square().sum().backward()
+    optimizer.step()
+    save_checkpoint(root, 1, model, optimizer, {"epoch": 1})
+    return _global_moments(model, optimizer)
+
+
+def _global_moments(model, optimizer) -> dict:
+    out = {k: v.cpu() for k, v in model.global_state().items()}
+    for i, layer in enumerate(model.spectral):
+        for slot in ("exp_avg", "exp_avg_sq"):
+            out[f"{i}.{slot}"] = layer.gather_shares(optimizer.state[layer.weight][slot]).cpu()
+    return out
+
+
+def _load_moments(config: TrainConfig, root: str) -> dict:
+    model = build_model(config, (8, 8, 8), config.grid or (comm.world_size(), 1, 1), DEVICE)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    assert load_checkpoint(latest_checkpoint(root), model, optimizer) == {"epoch": 1}
+    return _global_moments(model, optimizer)
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded"), [((3, "drift"), (2, "dfno-pruned")), ((2, "dfno"), (4, "drift")), ((4, "drift"), (1, "dfno"))]
+)
+def test_checkpoint_reshards_between_ranks_and_methods(ranks, tmp_path, saved, loaded):
+    root = str(tmp_path / "ck")
+    config = _config(None, tmp_path, modes=(3, 2, 2, 3))
+    want = ranks.run(saved[0], _save_and_moments, dataclasses.replace(config, method=saved[1]), root)[0]
+    for got in ranks.run(loaded[0], _load_moments, dataclasses.replace(config, method=loaded[1]), root):
+        assert set(got) == set(want)
+        for name, value in want.items():
+            assert torch.equal(got[name], value), name
+
+
+def _drift(*args):
+    return subprocess.run([sys.executable, "-m", "drift", *args], capture_output=True, text=True, timeout=300)
+
+
+TINY = ["--t-in", "2", "--t-out", "4", "--width", "4", "--modes", "2", "--layers", "2", "--no-progress"]
+
+
+def _fails_with_one_line(capsys, argv, names) -> None:
+    """``drift`` fails with exit code 2 and one error line that names ``names``, no traceback."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and names in err and "Traceback" not in err, err
+    assert len([line for line in err.splitlines() if "error" in line]) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--width", "-3"], "--width"),
+        (["--modes", "2,2"], "--modes"),
+        (["--modes", "5"], "--modes"),
+        (["--grid", "3x1x1", "--nproc", "2"], "--grid"),
+        (["--grid", "9x1x1", "--nproc", "9"], "--grid"),
+        (["--t-out", "9"], "--t-out"),
+        (["--method", "fft"], "--method"),
+        (["--lr", "0"], "--lr"),
+    ],
+)
+def test_bad_train_options_fail_with_one_line(capsys, data, tmp_path, args, names):
+    _fails_with_one_line(capsys, ["train", "--data", data, "--out", str(tmp_path), *TINY, *args], names)
+
+
+def test_bad_data_and_resume_fail_with_one_line(capsys, data, tmp_path):
+    _fails_with_one_line(capsys, ["train", "--data", str(tmp_path / "none.hdf5"), *TINY], "none.hdf5")
+    _fails_with_one_line(capsys, ["train", "--data", data, "--out", str(tmp_path), "--resume", *TINY], "no checkpoint")
+    _fails_with_one_line(capsys, ["evaluate", str(tmp_path)], "no checkpoint")
+
+
+def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_path):
+    out = str(tmp_path / "run")
+    first = _drift("train", "--data", data, "--out", out, "--nproc", "2", "--epochs", "2", *TINY)
+    assert first.returncode == 0, first.stderr
+    assert "test relative L2" in first.stdout and "outputs in" in first.stdout
+    resume = ["train", "--data", data, "--out", out, "--epochs", "3", "--resume", *TINY]
+    _fails_with_one_line(capsys, [*resume, "--layers", "3"], "--layers")
+    assert main(resume) == 0  # the 2-rank run goes on on one rank
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[2]["train_loss"] < rows[0]["train_loss"]
+    last = rows[-1]["test_rel_l2"]
+    report = tmp_path / "eval.json"
+    assert main(["evaluate", out, "--json", str(report)]) == 0
+    assert f"test relative L2 {last:.4f}" in capsys.readouterr().out
+    assert abs(json.loads(report.read_text())["test_rel_l2"] - last) <= 1e-5 * last
