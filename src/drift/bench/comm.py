@@ -1,0 +1,402 @@
+"""``drift bench comm``: collective times on this machine, an alpha-beta fit, and a cluster projection.
+
+1. Sweep: for each rank count P and each collective of ``drift.comm`` (all-reduce, reduce-scatter,
+   all-gather, all-to-all) and message size n (bytes of the whole vector: the all-reduce input, the
+   reduce-scatter input, the all-gather output, the all-to-all input), the time of one call: batches
+   of back-to-back calls after a barrier, per-call time of a batch, median over ``iters`` batches,
+   then the slowest rank.
+2. Fit: per collective, ``t = alpha * L(P) + beta * W(P, n)`` with the ring-algorithm terms of
+   ``terms`` (the bandwidth-optimal schedules Gloo and NCCL use for large messages), least squares in
+   relative error over every P and n measured; one (alpha, beta) per collective for all P. The fit is
+   also done per P. Reported: the largest relative error of the model over the measured points.
+3. Table I of the paper: the collectives of one FNO forward (drift and dfno) on ``--fno-shape`` with
+   ``comm_log``: per kind, calls, payload bytes, measured seconds and the fitted model's seconds.
+4. Projection: the forward time of one FNO block for drift and dfno on a cluster given by alpha,
+   beta and a compute rate (``--cluster``; ``paper``: derived in ``PAPER`` from the paper's measured
+   times), for P up to 1024. A model, not a measurement.
+
+JSON (``comm.json``), besides the common envelope (``drift.bench.output``):
+``sweep``: rows ``{kind, ranks, bytes, seconds: {median, q1, q3, min, max, n}}`` (slowest rank);
+``fits``: ``{kind: {alpha_s, beta_s_per_byte, max_rel_error, points}}`` (all P) and ``fits_per_ranks``:
+``{kind: {P: {...}}}``; ``fno``: rows ``{method, ranks, shape, kind, calls, bytes, measured_s, model_s}``
+per forward; ``cluster``: ``{name, alpha_s, beta_s_per_byte, flops_per_s, source}``; ``projection``:
+rows ``{ranks, grid, drift: {compute_s, comm_s, total_s}, dfno: {...}, ratio}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from drift import comm as collectives
+from drift.bench import output, plots
+from drift.bench.output import positive_int, shape_arg
+from drift.bench.runner import barrier, rank_zero, run_ranks, spread
+from drift.nn import FNO, METHODS
+from drift.truncated import best_order, mode_lists
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+FIELDS = 5  # FNO input and output channels: PDEBench's five fields
+BATCH_TARGET_S = 0.02  # each timed batch of back-to-back calls lasts about this long
+
+
+def terms(kind: str, size: int, nbytes: float) -> tuple[float, float]:
+    """(latency steps L, bytes each rank sends W) of a ring collective on ``size`` ranks over an
+    ``nbytes`` vector: t = alpha L + beta W."""
+    if size == 1:
+        return 0.0, 0.0
+    frac = (size - 1) / size
+    if kind == "all_reduce":
+        return 2.0 * (size - 1), 2.0 * frac * nbytes
+    if kind in ("reduce_scatter", "all_gather", "all_to_all"):
+        return float(size - 1), frac * nbytes
+    raise ValueError(f"no model for collective {kind!r}")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """An alpha-beta model: alpha in seconds per latency step, beta in seconds per byte."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+
+    def predict(self, kind: str, size: int, nbytes: float) -> float:
+        """Modelled seconds of one ``kind`` call on ``size`` ranks over an ``nbytes`` vector."""
+        steps, wire = terms(kind, size, nbytes)
+        return self.alpha_s * steps + self.beta_s_per_byte * wire
+
+
+def fit_alpha_beta(kind: str, points: Sequence[tuple[int, float, float]]) -> Fit:
+    """Least squares in relative error of ``t = alpha L + beta W`` over ``(ranks, bytes, seconds)``
+    points, with alpha, beta >= 0 (a negative one is dropped and the other refitted)."""
+    rows = np.array([terms(kind, p, n) for p, n, _ in points], dtype=np.float64)
+    t = np.array([s for _, _, s in points], dtype=np.float64)
+    a = rows / t[:, None]  # relative error: every size counts alike across three decades
+    coef = np.linalg.lstsq(a, np.ones_like(t), rcond=None)[0]
+    if coef.min() < 0:
+        keep = int(np.argmax(coef))
+        coef = np.zeros(2)
+        coef[keep] = np.linalg.lstsq(a[:, keep : keep + 1], np.ones_like(t), rcond=None)[0][0]
+    return Fit(float(coef[0]), float(coef[1]))
+
+
+def max_rel_error(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> float:
+    """The largest |model - measured| / measured over the points."""
+    return max(abs(fit.predict(kind, p, n) - s) / s for p, n, s in points)
+
+
+def _operands(kind: str, nbytes: int, size: int) -> tuple:
+    """The call and its input for an ``nbytes`` float32 vector (rounded to a multiple of ``size``)."""
+    per_rank = max(1, nbytes // (4 * size))
+    if kind == "all_reduce":
+        return collectives.all_reduce, torch.ones(per_rank * size)
+    if kind == "reduce_scatter":
+        return collectives.reduce_scatter, torch.ones(size, per_rank)
+    if kind == "all_gather":
+        return collectives.all_gather, torch.ones(1, per_rank)
+    counts = [per_rank] * size
+    out = torch.empty(per_rank * size)
+
+    def exchange(x: torch.Tensor) -> torch.Tensor:
+        return collectives.all_to_all(x, counts, counts, out=out)
+
+    return exchange, torch.ones(per_rank * size)
+
+
+def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters: int) -> dict:
+    size, rank = collectives.world_size(), collectives.rank()
+    result = {}
+    cases = [(k, n) for k in kinds for n in sizes]
+    for kind, nbytes in output.progress(cases, f"comm P={size}", disable=not rank_zero()):
+        call, x = _operands(kind, nbytes, size)
+        start = time.perf_counter()
+        for _ in range(warmup):
+            call(x)
+        # Batches long enough that timer and barrier costs vanish next to them: one decision for all
+        # ranks (rank 0's), so that every rank runs the same number of calls.
+        each = (time.perf_counter() - start) / max(warmup, 1)
+        batch = torch.tensor([max(1, min(200, round(BATCH_TARGET_S / max(each, 1e-6))))])
+        batch = int(collectives.broadcast(batch, src=0)) if size > 1 else int(batch)
+        samples = []
+        for _ in range(iters):
+            barrier()
+            start = time.perf_counter()
+            for _ in range(batch):
+                call(x)
+            samples.append((time.perf_counter() - start) / batch)
+        result[(kind, nbytes)] = samples
+    return {"rank": rank, "samples": result}
+
+
+def sweep(nproc: Sequence[int], kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters: int) -> list[dict]:
+    """Measured seconds per call for each P > 1, collective and size: rows as in the module docstring."""
+    rows = []
+    for size in nproc:
+        ranks = run_ranks(size, _sweep_worker, kinds, sizes, warmup, iters)
+        for kind in kinds:
+            for nbytes in sizes:
+                # The slowest rank's median: a collective is done when its last rank is.
+                worst = max((r["samples"][(kind, nbytes)] for r in ranks), key=statistics.median)
+                actual = max(1, nbytes // (4 * size)) * 4 * size
+                rows.append({"kind": kind, "ranks": size, "bytes": actual, "seconds": spread(worst)})
+    return rows
+
+
+def fits_from_sweep(rows: Sequence[dict]) -> tuple[dict, dict]:
+    """Per collective, the fit over all P and the fit per P, each with its largest relative error."""
+    overall, per_ranks = {}, {}
+    for kind in sorted({r["kind"] for r in rows}):
+        points = [(r["ranks"], r["bytes"], r["seconds"]["median"]) for r in rows if r["kind"] == kind]
+        fit = fit_alpha_beta(kind, points)
+        overall[kind] = {**asdict(fit), "max_rel_error": max_rel_error(fit, kind, points), "points": len(points)}
+        per_ranks[kind] = {}
+        for size in sorted({p for p, _, _ in points}):
+            mine = [pt for pt in points if pt[0] == size]
+            f = fit_alpha_beta(kind, mine)
+            per_ranks[kind][size] = {**asdict(f), "max_rel_error": max_rel_error(f, kind, mine), "points": len(mine)}
+    return overall, per_ranks
+
+
+def _fno_worker(shape: tuple, modes: tuple, width: int, method: str, warmup: int, iters: int) -> dict:
+    size = collectives.world_size()
+    grid = (size,) + (1,) * (len(shape) - 1)
+    model = FNO(FIELDS, FIELDS, width, modes, shape, grid, method=method, seed=0)
+    x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape)
+    per_forward = []
+    with torch.no_grad():
+        for i in range(warmup + iters):
+            barrier()
+            with collectives.comm_log() as log:
+                model(x)
+            if i >= warmup:
+                per_forward.append(log.calls)
+    # Every forward issues the same calls; seconds are the median over forwards, call by call.
+    calls = per_forward[0]
+    seconds = [statistics.median(f[j].seconds for f in per_forward) for j in range(len(calls))]
+    return {"calls": [(c.kind, c.bytes, c.group_size, s) for c, s in zip(calls, seconds, strict=True)]}
+
+
+def fno_collectives(
+    shape: tuple, modes: tuple, width: int, methods: Sequence[str], size: int, warmup: int, iters: int, fits: dict
+) -> list[dict]:
+    """The paper's Table I: per method and collective kind, one FNO forward's calls, payload bytes,
+    measured seconds (slowest rank) and the fitted model's seconds."""
+    rows = []
+    for method in methods:
+        ranks = run_ranks(size, _fno_worker, shape, modes, width, method, warmup, iters)
+        for kind in sorted({c[0] for c in ranks[0]["calls"]}):
+            mine = [[c for c in r["calls"] if c[0] == kind] for r in ranks]
+            model = None
+            if kind in fits:
+                fit = Fit(fits[kind]["alpha_s"], fits[kind]["beta_s_per_byte"])
+                # all-gather's payload is its input; the model's n is the gathered vector.
+                model = sum(fit.predict(kind, g, b * g if kind == "all_gather" else b) for _, b, g, _ in mine[0])
+            rows.append(
+                {
+                    "method": method,
+                    "ranks": size,
+                    "shape": shape,
+                    "kind": kind,
+                    "calls": len(mine[0]),
+                    "bytes": sum(c[1] for c in mine[0]),
+                    "measured_s": max(sum(c[3] for c in r) for r in mine),
+                    "model_s": model,
+                }
+            )
+    return rows
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A machine for the projection: alpha (s per latency step), beta (s per byte), compute rate (FLOP/s)."""
+
+    name: str
+    alpha_s: float
+    beta_s_per_byte: float
+    flops_per_s: float
+    source: str = ""
+
+
+# Paper (section VI-E, 128^3 x 30, width 20, modes (8, 8, 8, 16), slab, 4 GPUs per node): DRIFT's
+# all-reduce + all-gather of the 20 x 65,536 complex64 spectrum (n = 10.49 MB) take 5.1 ms per block
+# at P = 4 and 20 ms at P = 32. With the ring terms (all-reduce 2(P-1) alpha + 2(P-1)/P n beta,
+# all-gather (P-1) alpha + (P-1)/P n beta): 9 alpha + 2.25 n beta = 5.1 ms and 93 alpha + 2.906 n beta
+# = 20 ms, so alpha = 165 us and beta = 1.53e-10 s/B (6.5 GB/s). (A log2 P latency term admits no
+# non-negative solution of these two.) Compute: the forward and inverse partial DFTs take 67 ms per
+# block at P = 4 (local 32 x 128 x 128 x 30, 20 channels); drift's FLOP-optimal contraction does
+# 2 x 20 x 1.305 GFLOP there: 0.78 TFLOP/s, the effective rate the paper's GPUs reached on it.
+PAPER = Cluster(
+    "paper",
+    alpha_s=1.65e-4,
+    beta_s_per_byte=1.53e-10,
+    flops_per_s=7.8e11,
+    source="derived from the DRIFT paper's measured DRIFT times, section VI-E (see drift.bench.comm.PAPER)",
+)
+
+
+def parse_cluster(text: str) -> Cluster:
+    """``paper`` or ``alpha,beta,flops`` (seconds, seconds per byte, FLOP/s)."""
+    if text == "paper":
+        return PAPER
+    try:
+        alpha, beta, flops = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cluster must be 'paper' or alpha,beta,flops, got {text!r}") from None
+    if min(alpha, beta) < 0 or flops <= 0:
+        raise argparse.ArgumentTypeError(f"--cluster needs alpha, beta >= 0 and flops > 0, got {text!r}")
+    return Cluster("custom", alpha, beta, flops, "command line")
+
+
+def projection_grid(shape: Sequence[int], kept: Sequence[int], size: int) -> tuple[int, ...]:
+    """The grid for P ranks: split the leading dims in turn (powers of two), keeping each local extent
+    at least half the dim's kept modes (the paper's switch to a pencil at P = 32), last dim whole."""
+    grid = [1] * len(shape)
+    left = size
+    for dim in range(len(shape) - 1):
+        while left > 1 and shape[dim] // (grid[dim] * 2) >= max(1, kept[dim] // 2):
+            grid[dim] *= 2
+            left //= 2
+    if left > 1:
+        raise ValueError(f"{size} ranks cannot split {tuple(shape)} with at least k modes per block")
+    return tuple(grid)
+
+
+def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], width: int, size: int) -> dict:
+    """Modelled forward seconds of one FNO block (batch 1, float32, real 3D+time field) for drift and dfno.
+
+    Both: spectral multiply (8 in out M / P FLOP) and pointwise linear (2 width^2 local points).
+    drift: forward and inverse partial DFTs (``best_order`` FLOPs, per channel) plus a reduce-scatter
+    and an all-gather of the ``width x M`` complex64 spectrum over all P. dfno: forward and inverse
+    real FFTs (2.5 V log2 V FLOP per channel, V the global points, split over P), plus per split dim
+    one all-to-all each way of the local half spectrum (complex64) in that dim's group of ranks.
+    """
+    grid = projection_grid(shape, [2 * k for k in modes], size)
+    local = [math.ceil(n / p) for n, p in zip(shape, grid, strict=True)]
+    kept = [len(m) for m in mode_lists(tuple(modes), tuple(shape), True)]
+    m = math.prod(kept)
+    shared_flops = 8 * width * width * m / size + 2 * width * width * math.prod(local)
+    model = Fit(cluster.alpha_s, cluster.beta_s_per_byte)
+    spectrum = width * m * 8
+    drift_flops = shared_flops + 2 * width * best_order(local, kept, True)[1]
+    drift_comm = model.predict("reduce_scatter", size, spectrum) + model.predict("all_gather", size, spectrum)
+    volume = math.prod(shape)
+    half = math.prod(shape[:-1]) * (shape[-1] // 2 + 1)
+    dfno_flops = shared_flops + 2 * width * 2.5 * volume * math.log2(volume) / size
+    dfno_comm = sum(2 * model.predict("all_to_all", p, width * half * 8 / size) for p in grid if p > 1)
+    out = {"ranks": size, "grid": grid}
+    for name, flops, seconds in (("drift", drift_flops, drift_comm), ("dfno", dfno_flops, dfno_comm)):
+        compute = flops / cluster.flops_per_s
+        out[name] = {"compute_s": compute, "comm_s": seconds, "total_s": compute + seconds}
+    out["ratio"] = out["dfno"]["total_s"] / out["drift"]["total_s"]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``drift bench comm`` subcommand."""
+    config = {k: v for k, v in vars(args).items() if k != "run"}
+    sizes = [int(kib) * 1024 for kib in args.sizes_kib]
+    multi = [p for p in args.nproc if p > 1]
+    print(f"collective sweep: P = {multi}, {len(sizes)} sizes, {args.warmup} warm-up + {args.iters} batches")
+    rows = sweep(multi, args.kinds, sizes, args.warmup, args.iters) if multi else []
+    fits, per_ranks = fits_from_sweep(rows) if rows else ({}, {})
+    fit_rows = []
+    for kind, f in fits.items():
+        per = [per_ranks[kind][p]["max_rel_error"] for p in sorted(per_ranks[kind])]
+        fit_rows.append([kind, f["alpha_s"] * 1e6, _gbps(f["beta_s_per_byte"]), f["max_rel_error"], max(per)])
+    fit_header = ["collective", "alpha us", "1/beta GB/s", "max rel err (one fit)", "max rel err (per P)"]
+    print(output.table(fit_rows, fit_header))
+    fno = []
+    if args.fno_ranks > 1 and fits:
+        fno = fno_collectives(
+            tuple(args.fno_shape), tuple(args.modes), args.width, args.methods, args.fno_ranks, 1, args.fno_iters, fits
+        )
+        fno_rows = [
+            [r["method"], r["kind"], r["calls"], r["bytes"] / 1e6, r["measured_s"] * 1e3, _ms(r["model_s"])]
+            for r in fno
+        ]
+        fno_header = ["method", "collective", "calls", "MB", "measured ms", "model ms"]
+        print(f"collectives of one FNO forward, {'x'.join(map(str, args.fno_shape))}, P = {args.fno_ranks}")
+        print(output.table(fno_rows, fno_header))
+    cluster = args.cluster
+    projection = [project_block(cluster, args.project_shape, args.modes, args.width, p) for p in args.project_ranks]
+    proj_rows = [
+        [
+            r["ranks"],
+            "x".join(map(str, r["grid"])),
+            r["drift"]["total_s"] * 1e3,
+            r["drift"]["comm_s"] * 1e3,
+            r["dfno"]["total_s"] * 1e3,
+            r["dfno"]["comm_s"] * 1e3,
+            r["ratio"],
+        ]
+        for r in projection
+    ]
+    proj_header = ["P", "grid", "drift ms", "drift comm ms", "dfno ms", "dfno comm ms", "dfno/drift"]
+    print(f"PROJECTION (model, not measured) of one block's forward on cluster {cluster.name!r}")
+    print(output.table(proj_rows, proj_header))
+    path = output.write_json(
+        args.out,
+        "comm.json",
+        "comm",
+        config,
+        sweep=rows,
+        fits=fits,
+        fits_per_ranks=per_ranks,
+        fno=fno,
+        cluster=asdict(cluster),
+        projection=projection,
+    )
+    md = [output.markdown(fit_rows, fit_header), output.markdown(proj_rows, proj_header)]
+    if fno:
+        md.insert(1, output.markdown(fno_rows, fno_header))
+    (args.out / "comm.md").write_text("\n\n".join(md) + "\n")
+    plots.comm(rows, fits, args.out / "comm_fit.png")
+    plots.projection(projection, cluster.name, args.out / "projection.png")
+    print(f"wrote {path} and plots in {args.out}")
+    return 0
+
+
+def _gbps(beta: float) -> float | None:
+    return 1e-9 / beta if beta > 0 else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``drift bench comm``."""
+    parser.add_argument("--nproc", type=positive_int, nargs="+", default=[2, 4], help="rank counts to sweep")
+    parser.add_argument(
+        "--sizes-kib",
+        type=positive_int,
+        nargs="+",
+        default=[64, 256, 1024, 4096, 16384, 65536],
+        help="message sizes in KiB (the whole vector)",
+    )
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--warmup", type=positive_int, default=3)
+    parser.add_argument("--iters", type=positive_int, default=10, help="timed batches per point")
+    parser.add_argument("--fno-shape", type=shape_arg, default=(32, 32, 32, 30), help="grid of the FNO table")
+    parser.add_argument("--fno-ranks", type=positive_int, default=4, help="ranks of the FNO table (1: skip it)")
+    parser.add_argument("--fno-iters", type=positive_int, default=3)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=["drift", "dfno"])
+    parser.add_argument("--modes", type=positive_int, nargs="+", default=[8, 8, 8, 16])
+    parser.add_argument("--width", type=positive_int, default=20)
+    parser.add_argument(
+        "--cluster", type=parse_cluster, default=PAPER, help="'paper' or alpha_s,beta_s_per_byte,flops_per_s"
+    )
+    parser.add_argument("--project-shape", type=shape_arg, default=(128, 128, 128, 30))
+    parser.add_argument(
+        "--project-ranks", type=positive_int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    )
+    parser.add_argument("--out", type=Path, default=Path("results/bench/comm"))
+    parser.set_defaults(run=run)
