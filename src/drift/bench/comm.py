@@ -165,23 +165,26 @@ def fits_from_sweep(rows: Sequence[dict]) -> tuple[dict, dict]:
     return overall, per_ranks
 
 
-def _fno_worker(shape: tuple, modes: tuple, width: int, method: str, warmup: int, iters: int) -> dict:
+def _fno_worker(shape: tuple, modes: tuple, width: int, methods: Sequence[str], warmup: int, iters: int) -> list:
     size = collectives.world_size()
     grid = (size,) + (1,) * (len(shape) - 1)
-    model = FNO(FIELDS, FIELDS, width, modes, shape, grid, method=method, seed=0)
-    x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape)
-    per_forward = []
-    with torch.no_grad():
-        for i in range(warmup + iters):
-            barrier()
-            with collectives.comm_log() as log:
-                model(x)
-            if i >= warmup:
-                per_forward.append(log.calls)
-    # Every forward issues the same calls; seconds are the median over forwards, call by call.
-    calls = per_forward[0]
-    seconds = [statistics.median(f[j].seconds for f in per_forward) for j in range(len(calls))]
-    return {"calls": [(c.kind, c.bytes, c.group_size, s) for c, s in zip(calls, seconds, strict=True)]}
+    every = []
+    for method in methods:
+        model = FNO(FIELDS, FIELDS, width, modes, shape, grid, method=method, seed=0)
+        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape)
+        per_forward = []
+        with torch.no_grad():
+            for i in range(warmup + iters):
+                barrier()
+                with collectives.comm_log() as log:
+                    model(x)
+                if i >= warmup:
+                    per_forward.append(log.calls)
+        # Every forward issues the same calls; seconds are the median over forwards, call by call.
+        calls = per_forward[0]
+        seconds = [statistics.median(f[j].seconds for f in per_forward) for j in range(len(calls))]
+        every.append([(c.kind, c.bytes, c.group_size, s) for c, s in zip(calls, seconds, strict=True)])
+    return every
 
 
 def fno_collectives(
@@ -189,11 +192,11 @@ def fno_collectives(
 ) -> list[dict]:
     """The paper's Table I: per method and collective kind, one FNO forward's calls, payload bytes,
     measured seconds (slowest rank) and the fitted model's seconds."""
+    ranks = run_ranks(size, _fno_worker, shape, modes, width, list(methods), warmup, iters)
     rows = []
-    for method in methods:
-        ranks = run_ranks(size, _fno_worker, shape, modes, width, method, warmup, iters)
-        for kind in sorted({c[0] for c in ranks[0]["calls"]}):
-            mine = [[c for c in r["calls"] if c[0] == kind] for r in ranks]
+    for index, method in enumerate(methods):
+        for kind in sorted({c[0] for c in ranks[0][index]}):
+            mine = [[c for c in r[index] if c[0] == kind] for r in ranks]
             model = None
             if kind in fits:
                 fit = Fit(fits[kind]["alpha_s"], fits[kind]["beta_s_per_byte"])

@@ -101,11 +101,11 @@ def capacity(rows: Sequence[dict], path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for key in sorted({(r["dims"], r["method"], r["pass"]) for r in rows}):
-        mine = sorted((r for r in rows if (r["dims"], r["method"], r["pass"]) == key), key=lambda r: r["ranks"])
-        ax.plot([r["ranks"] for r in mine], [r["largest_n"] or 0 for r in mine], "o-", label="{}D {} {}".format(*key))
-    ax.set_yscale("log", base=2)
+        mine = [r for r in rows if (r["dims"], r["method"], r["pass"]) == key and r["largest_n"]]
+        mine.sort(key=lambda r: r["ranks"])
+        ax.plot([r["ranks"] for r in mine], [r["largest_n"] for r in mine], "o-", label="{}D {} {}".format(*key))
     ax.set_xlabel("ranks P")
-    ax.set_ylabel("largest n that fits")
+    ax.set_ylabel("largest n that fits (none: not drawn)")
     ax.set_title("capacity under the memory cap")
     ax.legend(fontsize=7)
     _save(fig, path)

@@ -100,6 +100,11 @@ def _entry(rank: int, size: int, port: int, threads: int, group_timeout_s: float
     try:
         result = fn(*args)
         Path(out, f"{rank}.pkl").write_bytes(pickle.dumps(result))
+    except BaseException as exc:
+        # The parent reports every rank's error: the first rank to die is often only a peer that
+        # lost its connection, not the cause.
+        Path(out, f"{rank}.err").write_text(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -133,7 +138,9 @@ def run_ranks(
                 if time.monotonic() > deadline:
                     raise RankError(f"{size} ranks did not finish within {timeout_s:.0f} s")
         except ProcessException as exc:
-            raise RankError(f"rank {exc.error_index} failed: {' '.join(str(exc).split())[-400:]}") from None
+            errors = [f"rank {p.stem}: {p.read_text()}" for p in sorted(Path(tmp).glob("*.err"))]
+            detail = "; ".join(errors) or " ".join(str(exc).split())[-400:]
+            raise RankError(f"rank {exc.error_index} failed: {detail}") from None
         finally:
             for p in ctx.processes:
                 if p.is_alive():

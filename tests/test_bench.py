@@ -1,0 +1,208 @@
+"""drift bench: the alpha-beta fit, the projection model, the bisection, the rank runner's failure
+handling, and every subcommand end to end at a tiny size (fresh Gloo ranks, as the command runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import pytest
+
+from drift.bench import capacity, cli, comm
+from drift.bench.runner import MemoryCapExceeded, RankError, run_ranks
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def test_fit_recovers_alpha_and_beta_from_model_times():
+    truth = comm.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10)
+    for kind in comm.KINDS:
+        points = [(p, n, truth.predict(kind, p, n)) for p in (2, 4, 8) for n in (2**16, 2**20, 2**26)]
+        fit = comm.fit_alpha_beta(kind, points)
+        assert fit.alpha_s == pytest.approx(truth.alpha_s, rel=1e-9)
+        assert fit.beta_s_per_byte == pytest.approx(truth.beta_s_per_byte, rel=1e-9)
+        assert comm.max_rel_error(fit, kind, points) < 1e-9
+
+
+def test_fit_keeps_alpha_and_beta_non_negative():
+    # Times falling with size would need a negative beta: the fit drops it and keeps a latency.
+    points = [(2, n, 1e-3 / (1 + i)) for i, n in enumerate((2**16, 2**20, 2**24))]
+    fit = comm.fit_alpha_beta("all_reduce", points)
+    assert fit.alpha_s > 0 and fit.beta_s_per_byte == 0
+
+
+def test_ring_terms():
+    n = 1 << 20
+    assert comm.terms("all_reduce", 4, n) == (6.0, 1.5 * n)
+    assert comm.terms("all_gather", 4, n) == (3.0, 0.75 * n)
+    assert comm.terms("all_to_all", 1, n) == (0.0, 0.0)
+
+
+def test_paper_preset_reproduces_the_papers_drift_communication():
+    # The preset is derived from DRIFT's 5.1 ms (P = 4) and 20 ms (P = 32) per block (section VI-E).
+    fit = comm.Fit(comm.PAPER.alpha_s, comm.PAPER.beta_s_per_byte)
+    n = 20 * 16**4 * 8
+    for size, ms in ((4, 5.1), (32, 20.0)):
+        modelled = fit.predict("all_reduce", size, n) + fit.predict("all_gather", size, n)
+        assert modelled * 1e3 == pytest.approx(ms, rel=0.02)
+
+
+def test_projection_grids_and_ratios():
+    shape, modes = (128, 128, 128, 30), (8, 8, 8, 16)
+    rows = [comm.project_block(comm.PAPER, shape, modes, 20, p) for p in (4, 32, 1024)]
+    assert [math.prod(r["grid"]) for r in rows] == [4, 32, 1024]
+    assert rows[0]["grid"] == (4, 1, 1, 1) and rows[1]["grid"] == (16, 2, 1, 1)  # the paper's pencil at 32
+    assert all(r["grid"][-1] == 1 for r in rows)
+    for r in rows:
+        assert all(math.isfinite(r[m][k]) and r[m][k] > 0 for m in ("drift", "dfno") for k in ("compute_s", "comm_s"))
+        assert r["ratio"] == pytest.approx(r["dfno"]["total_s"] / r["drift"]["total_s"])
+    # drift's payload does not depend on the grid; dfno's shrinks with the block.
+    assert rows[2]["drift"]["comm_s"] > rows[0]["drift"]["comm_s"]
+    assert rows[2]["dfno"]["comm_s"] < rows[0]["dfno"]["comm_s"]
+
+
+def test_cluster_option():
+    assert comm.parse_cluster("paper") is comm.PAPER
+    custom = comm.parse_cluster("1e-6,1e-10,1e13")
+    assert (custom.alpha_s, custom.beta_s_per_byte, custom.flops_per_s) == (1e-6, 1e-10, 1e13)
+    for bad in ("fast", "1,2", "1,-1,3", "1,1,0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            comm.parse_cluster(bad)
+
+
+def test_bisect_finds_the_largest_fitting_value():
+    tried = []
+
+    def fits(m):
+        tried.append(m)
+        return m <= 11, {"m": m}
+
+    best, records = capacity.bisect(fits, 1, 40)
+    assert best == 11 and [r["m"] for r in records] == tried and len(tried) <= 6
+    assert capacity.bisect(lambda m: (False, {}), 3, 9)[0] is None
+
+
+def _fail_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("rank one fails")
+    dist.barrier()  # rank 0 waits in a collective its peer never joins
+
+
+def _allocate(gigabytes: float):
+    import torch
+
+    return torch.ones(int(gigabytes * 1e9 / 4)).sum().item()
+
+
+def test_runner_failures_are_errors_not_hangs():
+    start = time.monotonic()
+    with pytest.raises(RankError, match="rank one fails"):
+        run_ranks(2, _fail_on_rank_one, timeout_s=60, group_timeout_s=20)
+    with pytest.raises(MemoryCapExceeded):
+        run_ranks(1, _allocate, 1.0, memory_cap_gb=0.5, timeout_s=60)
+    assert time.monotonic() - start < 60
+
+
+def _run(tmp_path, name, *argv):
+    out = tmp_path / name
+    assert cli.main([name, *argv, "--out", str(out)]) == 0
+    data = json.loads((out / f"{name}.json").read_text())
+    assert data["command"] == name and data["machine"]["cores"] >= 1
+    assert (out / f"{name}.md").exists()
+    return data, out
+
+
+def test_bench_comm(tmp_path, capsys):
+    data, out = _run(
+        tmp_path,
+        "comm",
+        *("--nproc", "2", "--sizes-kib", "64", "1024", "--warmup", "1", "--iters", "2"),
+        *("--fno-shape", "16x16x16x30", "--fno-ranks", "2", "--fno-iters", "1", "--modes", "4", "4", "4", "4"),
+        *("--project-ranks", "4", "64"),
+    )
+    assert {r["kind"] for r in data["sweep"]} == set(comm.KINDS)
+    assert all(r["ranks"] == 2 and r["seconds"]["median"] > 0 for r in data["sweep"])
+    for fit in data["fits"].values():
+        assert fit["alpha_s"] >= 0 and fit["beta_s_per_byte"] >= 0 and math.isfinite(fit["max_rel_error"])
+    kinds = {(r["method"], r["kind"]) for r in data["fno"]}
+    assert kinds == {("drift", "reduce_scatter"), ("drift", "all_gather"), ("dfno", "all_to_all")}
+    for r in data["fno"]:
+        assert r["calls"] > 0 and r["bytes"] > 0 and math.isfinite(r["model_s"] / r["measured_s"])
+    assert [r["ranks"] for r in data["projection"]] == [4, 64] and data["cluster"]["name"] == "paper"
+    assert (out / "comm_fit.png").exists() and (out / "projection.png").exists()
+    assert "PROJECTION" in capsys.readouterr().out
+
+
+def test_bench_scaling(tmp_path):
+    data, out = _run(
+        tmp_path,
+        "scaling",
+        *("--nproc", "2", "--shape", "16x16x8x6", "--local", "8x16x8x6", "--modes", "4", "4", "4", "3"),
+        *("--warmup", "1", "--iters", "2", "--width", "4"),
+    )
+    rows = data["rows"]
+    assert {(r["scaling"], r["method"]) for r in rows} == {
+        (s, m) for s in ("strong", "weak") for m in ("drift", "dfno", "dfno-pruned")
+    }
+    assert all(r["completed"] and r["forward"]["n"] == 2 and r["backward"]["median"] > 0 for r in rows)
+    assert {tuple(r["shape"]) for r in rows if r["scaling"] == "weak"} == {(16, 16, 8, 6)}
+    drift_row = next(r for r in rows if r["method"] == "drift")
+    assert [k for k, _ in drift_row["collectives"]] == ["reduce_scatter", "all_gather"]
+    assert (out / "scaling_strong.png").exists() and (out / "scaling_weak.png").exists()
+
+
+def test_bench_modes_and_phases(tmp_path):
+    data, out = _run(
+        tmp_path, "modes", "--nproc", "2", "--k", "2", "4", "--shape", "16x16x8x6", "--iters", "2", "--width", "4"
+    )
+    payload = {(r["k"], r["method"]): r["payload_bytes"] for r in data["rows"]}
+    assert payload[(4, "drift")] > payload[(2, "drift")]  # drift's payload grows with k, dfno's does not
+    assert payload[(4, "dfno")] == payload[(2, "dfno")]
+    assert (out / "modes_P2.png").exists()
+    data, out = _run(
+        tmp_path, "phases", "--nproc", "2", "--shape", "16x16x8x6", "--modes", "4", "4", "4", "3", "--iters", "2"
+    )
+    assert [r["method"] for r in data["rows"]] == ["drift", "dfno", "dfno-pruned"]
+    for r in data["rows"]:
+        phases = r["phases_s"]
+        assert set(data["phases"]) <= set(phases) | {"other"}
+        assert phases["lift+projection"] > 0 and phases["collectives"] > 0
+        assert sum(phases.values()) == pytest.approx(r["forward"]["median"], rel=0.5)
+    assert (out / "phases.png").exists()
+
+
+def test_bench_capacity(tmp_path):
+    data, out = _run(
+        tmp_path,
+        "capacity",
+        *("--dims", "2", "--nproc", "1", "--methods", "drift", "--memory-gb", "2"),
+        *("--step-2d", "64", "--max-n-2d", "128"),
+    )
+    (row,) = data["rows"]
+    assert row["dims"] == 2 and row["largest_n"] == 128 and row["largest_shape"] == [128, 128]
+    assert all(t["fits"] and t["peak_gb_total"] < 2 for t in row["trials"])
+    assert (out / "capacity.png").exists()
+    data, _ = _run(
+        tmp_path,
+        "capacity",
+        *("--dims", "2", "--nproc", "1", "--methods", "drift", "--memory-gb", "0.01"),
+        *("--step-2d", "64", "--max-n-2d", "64"),
+    )
+    (row,) = data["rows"]
+    assert row["largest_n"] is None and "cap" in row["trials"][0]["error"]
+
+
+def test_bad_options_are_one_line_errors(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["scaling", "--nproc", "0"])
+    assert "must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["comm", "--cluster", "fast"])
+    assert "--cluster must be" in capsys.readouterr().err
+    # Modes that do not fit the grid: an error before any rank starts.
+    assert cli.main(["scaling", "--shape", "8x8x8x6", "--nproc", "1"]) == 2
+    assert "modes (8, 8, 8, 16) on grid 8x8x8x6" in capsys.readouterr().out
