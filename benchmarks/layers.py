@@ -2,9 +2,10 @@
 
 The block is ``gelu(K x + W x)`` with the same global weights for every method: K a ``SpectralConv``,
 W a pointwise linear. For each global shape, rank count and method a fresh group of ranks (one thread
-each) runs a warm-up and ``--repeats`` timed forward and backward passes (each the slowest rank's
-time between barriers), splits the forward into phases (local transforms, collectives, spectral
-multiply, pointwise and GeLU), records the payload of each collective and every rank's peak memory.
+each) runs a warm-up and ``--repeats`` timed forward and backward passes (``drift.bench.blocks``: each
+the slowest rank's time between barriers; medians), splits the forward into phases (local transforms,
+collectives, spectral multiply, pointwise and GeLU), records the payload of each collective and every
+rank's peak memory. ``drift bench scaling`` measures the same blocks with warm-up, spreads and plots.
 With ``--neuralop``, one process also runs neuraloperator's SpectralConv (the same kept modes)
 against drift's on the first shape, each in a child process for its own peak memory.
 
@@ -14,107 +15,24 @@ against drift's on the first shape, each in a child process for its own peak mem
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import resource
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import drift
-from drift.nn import PointwiseLinear, SpectralConv, fno_block, neuralop_n_modes
+from drift.bench import blocks
+from drift.nn import SpectralConv, neuralop_n_modes
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
-
-
-def _block_worker(rank, size, shape, modes, width, method, repeats, backward_too, port, out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    if size > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(minutes=20))
-    grid = (size,) + (1,) * (len(shape) - 1)
-    base = _peak_gb()
-    conv = SpectralConv(width, width, shape, modes, grid, method=method, seed=1)
-    linear = PointwiseLinear(width, width, torch.Generator().manual_seed(2))
-    local = conv.plan.local_shape
-    x = torch.randn(1, width, *local)
-    g = torch.randn(1, width, *local)
-    barrier = dist.barrier if size > 1 else (lambda: None)
-
-    def block(inp):
-        return fno_block(conv, linear, inp)
-
-    def timed(fn):
-        barrier()
-        start = time.perf_counter()
-        fn()
-        barrier()
-        return time.perf_counter() - start
-
-    with torch.no_grad():
-        block(x)
-    forward, phases, calls = [], [], []
-    for _ in range(repeats):
-        with drift.profile() as prof, drift.comm_log() as log, torch.no_grad():
-            forward.append(timed(lambda: block(x)))
-        comm_s = sum(c.seconds for c in log.calls)
-        phases.append({**prof, "transform": prof.get("transform", 0.0) - comm_s, "collectives": comm_s})
-        calls = [(c.kind, c.bytes) for c in log.calls]
-    x.requires_grad_(True)
-    backward = []
-    for _ in range(repeats if backward_too else 0):
-        y = block(x)
-        backward.append(timed(lambda y=y: (y * g).sum().backward()))
-        x.grad = None
-    result = {
-        "forward_s": forward,
-        "backward_s": backward or [float("nan")],
-        "phases_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
-        "collectives": calls,
-        "peak_gb": _peak_gb(),
-        "start_gb": base,
-    }
-    everyone = [None] * size
-    if size > 1:
-        dist.all_gather_object(everyone, result)
-    else:
-        everyone = [result]
-    if rank == 0:
-        Path(out).write_text(json.dumps(everyone))
-    if size > 1:
-        dist.destroy_process_group()
-
-
-def run_block(shape, modes, width, method, size, repeats, backward_too=True) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        port = 29600 + (os.getpid() + size) % 300
-        args = (size, shape, modes, width, method, repeats, backward_too, port, str(out))
-        try:
-            mp.start_processes(_block_worker, args=args, nprocs=size, start_method="spawn")
-        except Exception as exc:  # a rank killed for memory or failing: record it
-            return {"completed": False, "error": " ".join(str(exc).split())[-300:]}
-        ranks = json.loads(out.read_text())
-    worst = max(range(size), key=lambda r: statistics.median(ranks[r]["forward_s"]))
-    return {
-        "completed": True,
-        "forward_s": statistics.median(ranks[0]["forward_s"]),
-        "backward_s": statistics.median(ranks[0]["backward_s"]),
-        "phases_s": ranks[worst]["phases_s"],
-        "collectives": ranks[0]["collectives"],
-        "peak_gb_per_rank": [r["peak_gb"] for r in ranks],
-        "start_gb": ranks[0]["start_gb"],
-    }
 
 
 def _single_worker(_rank, which, shape, modes, width, out) -> None:
@@ -164,15 +82,18 @@ def main() -> None:
         shape = tuple(int(n) for n in text.split("x"))
         for size in args.nproc:
             for method in args.methods:
-                r = run_block(shape, modes, args.width, method, size, args.repeats, not args.forward_only)
+                # One group per method, so that each peak memory is the method's own.
+                case = [(shape, modes, args.width, method)]
+                (r,) = blocks.run(blocks.block_worker, size, case, 1, args.repeats, not args.forward_only)
                 rows.append({"shape": shape, "ranks": size, "method": method, **r})
                 if not r["completed"]:
                     print(f"{text} P={size} {method}: did not complete ({r['error']})", flush=True)
                     continue
                 ph = r["phases_s"]
+                backward = (r["backward"] or {}).get("median", float("nan"))
                 print(
-                    f"{text} P={size} {method:11s} forward {r['forward_s'] * 1e3:8.1f} ms backward "
-                    f"{r['backward_s'] * 1e3:8.1f} ms | transform {ph.get('transform', 0) * 1e3:7.1f} "
+                    f"{text} P={size} {method:11s} forward {r['forward']['median'] * 1e3:8.1f} ms backward "
+                    f"{backward * 1e3:8.1f} ms | transform {ph.get('transform', 0) * 1e3:7.1f} "
                     f"collectives {ph.get('collectives', 0) * 1e3:7.1f} multiply {ph.get('multiply', 0) * 1e3:6.1f} "
                     f"pointwise+gelu {ph.get('pointwise+gelu', 0) * 1e3:6.1f} ms | payload "
                     f"{sum(b for _, b in r['collectives']) / 1e6:8.2f} MB in {len(r['collectives'])} calls | "

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import drift
-from drift.bench.runner import RankError, run_ranks, spread, timed
+from drift.bench.runner import RankError, peak_rss_gb, run_ranks, spread, timed
 from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block
 from drift.truncated import mode_lists
 
@@ -127,12 +127,14 @@ def _rank_result(forwards, backwards, phases, calls) -> dict[str, Any]:
         "backward_s": backwards,
         "phases_s": {k: statistics.median(p.get(k, 0.0) for p in phases) for k in phases[0]},
         "collectives": calls,
+        "peak_gb": peak_rss_gb(),
     }
 
 
 def summarise(ranks: list[dict]) -> dict[str, Any]:
     """The parent's row from the per-rank results: spreads of rank 0's samples (every rank measures the
-    slowest one between barriers), mean phases over ranks, payload bytes per forward."""
+    slowest one between barriers), mean phases over ranks, payload bytes per forward, and each rank's
+    peak resident memory (GB) so far: with several cases in one process, the peak over those run yet."""
     phases = {k: statistics.mean(r["phases_s"].get(k, 0.0) for r in ranks) for k in ranks[0]["phases_s"]}
     return {
         "completed": True,
@@ -141,6 +143,7 @@ def summarise(ranks: list[dict]) -> dict[str, Any]:
         "phases_s": phases,
         "collectives": ranks[0]["collectives"],
         "payload_bytes": sum(b for _, b in ranks[0]["collectives"]),
+        "peak_gb_per_rank": [r["peak_gb"] for r in ranks],
     }
 
 
