@@ -30,7 +30,7 @@ import torch
 from drift import comm
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, slab
-from drift.bench.output import positive_int
+from drift.bench.output import positive_float, positive_int
 from drift.bench.runner import RankError, available_gb, peak_private_gb, peak_rss_gb, run_ranks
 from drift.nn import FNO, METHODS
 
@@ -168,19 +168,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``drift bench capacity``."""
-    parser.add_argument("--memory-gb", type=_positive_float, default=4.0, help="cap on all ranks' memory")
+    parser.add_argument("--memory-gb", type=positive_float, default=4.0, help="cap on all ranks' memory")
     parser.add_argument("--dims", type=int, nargs="+", choices=(2, 4), default=[4, 2], help="3D+time (4) and 2-D")
     parser.add_argument("--nproc", type=positive_int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=["drift", "dfno"])
@@ -190,6 +180,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=positive_int, default=128, help="3D+time: the largest n tried")
     parser.add_argument("--step-2d", type=positive_int, default=512, help="2-D: n is a multiple of this")
     parser.add_argument("--max-n-2d", type=positive_int, default=8192, help="2-D: the largest n tried")
-    parser.add_argument("--trial-timeout", type=_positive_float, default=600.0, help="seconds per trial")
+    parser.add_argument("--trial-timeout", type=positive_float, default=600.0, help="seconds per trial")
     parser.add_argument("--out", type=Path, default=Path("results/bench/capacity"))
     parser.set_defaults(run=run)

@@ -7,7 +7,8 @@ with k through the partial DFTs and the collective payload.
 
 JSON (``modes.json``), besides the common envelope (``drift.bench.output``): ``rows``, one per
 (k, P, method): ``{k, modes, ranks, method, shape, completed, forward: {median, q1, q3, min, max, n}
-(seconds), backward: null, phases_s, collectives, payload_bytes, peak_gb_per_rank}`` or ``{..., completed: false, error}``.
+(seconds), backward: null, phases_s, collectives, payload_bytes, peak_gb_per_rank}`` or
+``{..., completed: false, error}``.
 """
 
 from __future__ import annotations

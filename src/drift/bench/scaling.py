@@ -68,8 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--modes", type=positive_int, nargs="+", default=[8, 8, 8, 16])
     parser.add_argument("--width", type=positive_int, default=20)
-    parser.add_argument("--warmup", type=positive_int, default=2)
-    parser.add_argument("--iters", type=positive_int, default=10)
+    # Fewer than the paper's 5 + 20: the default sizes must finish in minutes on two cores.
+    parser.add_argument("--warmup", type=positive_int, default=1)
+    parser.add_argument("--iters", type=positive_int, default=5)
     parser.add_argument("--forward-only", action="store_true", help="skip the backward passes")
     parser.add_argument("--out", type=Path, default=Path("results/bench/scaling"))
     parser.set_defaults(run=run)
