@@ -50,31 +50,11 @@ def _fail(command: str, message: str) -> int:
     return 2
 
 
-def _train_rank(config) -> list[dict]:
-    """One rank of ``drift train``: join the group, make sure the data exist, train."""
-    from drift import comm
-    from drift.launch import join_process_group, leave_process_group
-    from drift.train import check_config, ensure_default_data, train
-
-    join_process_group(config.device)
-    try:
-        if config.data is None:
-            # Under torchrun the ranks start before anyone could generate the data: rank 0 does.
-            if comm.rank() == 0:
-                ensure_default_data(config.progress)
-            comm.barrier()
-            config = dataclasses.replace(config, data=str(ensure_default_data(False)))
-        check_config(config, comm.world_size())
-        return train(config)
-    finally:
-        leave_process_group()
-
-
 def _train(args: argparse.Namespace) -> int:
     from drift.checkpoint import CheckpointError
     from drift.data import DataError
     from drift.launch import RankError, launched, run_ranks
-    from drift.train import ConfigError, TrainConfig, check_config, ensure_default_data
+    from drift.train import ConfigError, TrainConfig, check_config, ensure_default_data, train_rank
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
@@ -86,12 +66,12 @@ def _train(args: argparse.Namespace) -> int:
             config.nproc = world
             if config.data is not None:
                 check_config(config, world)
-            _train_rank(config)
+            train_rank(config)
             return 0
         if config.data is None:
             config.data = str(ensure_default_data())
         check_config(config, config.nproc)
-        history = run_ranks(_train_rank, (config,), config.nproc)[0]
+        history = run_ranks(train_rank, (config,), config.nproc)[0]
     except (ConfigError, DataError, CheckpointError, RankError) as exc:
         return _fail("train", str(exc))
     last = history[-1] if history else None

@@ -31,6 +31,7 @@ from drift import comm
 from drift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
 from drift.decomposition import check_grid
+from drift.launch import join_process_group, leave_process_group
 from drift.nn import FNO, METHODS
 from drift.truncated import mode_lists
 
@@ -267,6 +268,22 @@ def train(config: TrainConfig) -> list[dict]:
     if history and len(test_set):
         _plots(out, history, model, test_set, device, config.method)
     return history
+
+
+def train_rank(config: TrainConfig) -> list[dict]:
+    """One rank of ``drift train`` (an entry point for ``drift.launch.run_ranks`` or torchrun): join the
+    process group, make sure the data exist (rank 0 generates the default set), check, train."""
+    join_process_group(config.device)
+    try:
+        if config.data is None:
+            if comm.rank() == 0:
+                ensure_default_data(config.progress)
+            comm.barrier()
+            config = dataclasses.replace(config, data=str(default_data_path()))
+        check_config(config, comm.world_size())
+        return train(config)
+    finally:
+        leave_process_group()
 
 
 def evaluate(
