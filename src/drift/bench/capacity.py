@@ -8,7 +8,7 @@ each trial in fresh ranks (slab grid) whose summed resident memory is polled and
 ``--memory-gb`` (the ranks are killed above it); a trial fits when it completes and the sum of the
 ranks' peak private memory stays under the cap. Private: resident and not file-backed (the peak
 resident set less the mapped files, ``runner.peak_private_gb``), so that torch's libraries, mapped by
-every rank, are not counted P times; torch's own start-up data (about 0.1 GB a rank) is counted.
+every rank, are not counted P times; torch's own start-up data (0.15 GB a rank here) is counted.
 The search assumes that a grid fits when a larger one does.
 
 JSON (``capacity.json``), besides the common envelope (``drift.bench.output``): ``memory_gb`` (the

@@ -360,11 +360,24 @@ def run(args: argparse.Namespace) -> int:
     md = [output.markdown(fit_rows, fit_header), output.markdown(proj_rows, proj_header)]
     if fno:
         md.insert(1, output.markdown(fno_rows, fno_header))
+    if rows:
+        md.insert(1, output.markdown(*_points_table(rows, fits)))
     (args.out / "comm.md").write_text("\n\n".join(md) + "\n")
     plots.comm(rows, fits, args.out / "comm_fit.png")
     plots.projection(projection, cluster.name, args.out / "projection.png")
     print(f"wrote {path} and plots in {args.out}")
     return 0
+
+
+def _points_table(rows: Sequence[dict], fits: dict) -> tuple[list[list], list[str]]:
+    """Every measured point against the one-fit model: kind, P, KiB, measured and model us, error."""
+    table = []
+    for r in rows:
+        f = fits[r["kind"]]
+        model = Fit(f["alpha_s"], f["beta_s_per_byte"]).predict(r["kind"], r["ranks"], r["bytes"])
+        measured = r["seconds"]["median"]
+        table.append([r["kind"], r["ranks"], r["bytes"] // 1024, measured * 1e6, model * 1e6, model / measured - 1])
+    return table, ["collective", "P", "KiB", "measured us", "model us", "model / measured - 1"]
 
 
 def _gbps(beta: float) -> float | None:

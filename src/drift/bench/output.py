@@ -58,7 +58,8 @@ def fmt(value: Any, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
-        return f"{value:.{digits}g}"
+        # Whole numbers from 100 up: "4940", not "4.94e+03".
+        return f"{value:.0f}" if 100 <= abs(value) < 1e7 else f"{value:.{digits}g}"
     return str(value)
 
 
