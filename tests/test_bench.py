@@ -142,8 +142,9 @@ def test_bench_scaling(tmp_path):
         tmp_path,
         "scaling",
         *("--nproc", "2", "--shape", "16x16x8x6", "--local", "8x16x8x6", "--modes", "4", "4", "4", "3"),
-        *("--warmup", "1", "--iters", "2", "--width", "4"),
+        *("--warmup", "1", "--iters", "2", "--width", "4", "--threads", "1"),
     )
+    assert data["config"]["threads"] == 1
     rows = data["rows"]
     assert {(r["scaling"], r["method"]) for r in rows} == {
         (s, m) for s in ("strong", "weak") for m in ("drift", "dfno", "dfno-pruned")

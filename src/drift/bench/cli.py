@@ -1,4 +1,4 @@
-"""``drift bench``: the DRIFT paper's section VI on the ranks this machine has.
+"""``drift bench``: the DRIFT paper's section VI on Gloo CPU ranks of this machine.
 
 ``add_parser(commands)`` registers ``bench`` on the ``drift`` command's subparsers, with the subcommands
 ``scaling``, ``phases``, ``modes``, ``comm`` and ``capacity``; each sets ``run(args) -> int``.
@@ -7,14 +7,17 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from drift.bench import capacity, comm, modes, phases, scaling
+from drift.bench.output import positive_int
+from drift.bench.runner import threads_per_rank
 
 SUBCOMMANDS = {
+    "scaling": (scaling, "strong and weak scaling of one FNO block, forward and backward, per method"),
     "phases": (phases, "per-phase breakdown of one FNO forward per method and P, with a heat map"),
     "modes": (modes, "sensitivity of one block's forward time to k_max"),
-    "scaling": (scaling, "strong and weak scaling of one FNO block, forward and backward, per method"),
     "capacity": (capacity, "largest grid whose FNO forward or training step fits a memory cap, by bisection"),
     "comm": (comm, "collective times, alpha-beta fit, the FNO's collectives and a cluster projection"),
 }
@@ -25,13 +28,23 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         help="rerun the DRIFT paper's evaluation (scaling, phases, modes, comm, capacity) on local ranks",
-        description=__doc__.split("\n\n")[0],
+        description="Rerun the DRIFT paper's evaluation (section VI) on Gloo CPU ranks of this machine.",
     )
     sub = bench.add_subparsers(title="benchmarks", metavar="BENCHMARK")
     for name, (module, text) in SUBCOMMANDS.items():
-        module.add_arguments(sub.add_parser(name, help=text, description=module.__doc__.split("\n\n")[0]))
+        parser = sub.add_parser(name, help=text, description=module.__doc__.split("\n\n")[0].replace("``", ""))
+        module.add_arguments(parser)
+        parser.add_argument(
+            "--threads", type=positive_int, help="threads per rank (default: cores // P; 1 on a loaded machine)"
+        )
+        parser.set_defaults(run=functools.partial(_run_with_threads, parser.get_default("run")))
     bench.set_defaults(run=lambda _args: bench.print_help() or 0)
     return bench
+
+
+def _run_with_threads(run, args: argparse.Namespace) -> int:
+    with threads_per_rank(args.threads):
+        return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,13 @@
 """Spawn P ranks on 127.0.0.1, run one function on each, collect what every rank returns.
 
-``run_ranks(P, fn, *args)`` starts P fresh processes (spawn), joins them into a Gloo process group on
-a free port whose collectives time out after ``group_timeout_s``, gives each ``max(1, cores // P)``
-threads, calls ``fn(*args)`` on every rank and returns the per-rank results in rank order. Any failure
-is a ``RankError`` and never a hang: an exception or a death on one rank ends the others (torch's
-process context terminates them), a run longer than ``timeout_s`` is killed, and with
-``memory_cap_gb`` the summed resident memory of the ranks is polled and the ranks are killed when it
-exceeds the cap (``MemoryCapExceeded``; memory here is private: resident and not file-backed).
+``run_ranks(P, fn, *args)`` starts P fresh processes (spawn), joins them into a Gloo process group on a
+free port whose collectives time out after ``group_timeout_s``, gives each ``max(1, cores // P)``
+threads (``threads_per_rank`` overrides that), calls ``fn(*args)`` on every rank and returns the
+per-rank results in rank order. Any failure is a ``RankError`` and never a hang: an exception or a death
+on one rank ends the others (torch's process context terminates them), a run longer than ``timeout_s``
+is killed, and with ``memory_cap_gb`` the summed resident memory of the ranks is polled and the ranks
+are killed when it exceeds the cap (``MemoryCapExceeded``; memory here is private: resident and not
+file-backed).
 
 Helpers for the rank side: ``timed`` (the wall time of a call between barriers, so every rank sees the
 slowest rank's time), ``peak_rss_gb`` and ``spread`` (median and quartiles of samples).
@@ -14,6 +15,7 @@ slowest rank's time), ``peak_rss_gb`` and ``spread`` (median and quartiles of sa
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -23,7 +25,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,24 @@ def _entry(rank: int, size: int, port: int, threads: int, group_timeout_s: float
         dist.destroy_process_group()
 
 
+_threads: list[int] = []
+
+
+@contextlib.contextmanager
+def threads_per_rank(count: int | None) -> Iterator[None]:
+    """Inside the block, ranks started by ``run_ranks`` get ``count`` threads each (None: the default,
+    ``max(1, cores // P)``). On a loaded machine one thread per rank avoids stalls of multi-threaded
+    gemms whose threads get descheduled."""
+    if count is None:
+        yield
+        return
+    _threads.append(count)
+    try:
+        yield
+    finally:
+        _threads.pop()
+
+
 def run_ranks(
     size: int,
     fn: Callable[..., Any],
@@ -124,7 +144,7 @@ def run_ranks(
     run exceeds ``timeout_s`` seconds, ``MemoryCapExceeded`` when the ranks' summed resident memory
     exceeds ``memory_cap_gb`` (polled every 50 ms, private memory: see ``peak_private_gb``).
     """
-    threads = threads or max(1, cores() // size)
+    threads = threads or (_threads[-1] if _threads else max(1, cores() // size))
     with tempfile.TemporaryDirectory(prefix="drift-bench-") as tmp:
         entry_args = (size, free_port(), threads, group_timeout_s, tmp, fn, args)
         ctx = mp.start_processes(_entry, args=entry_args, nprocs=size, join=False, start_method="spawn")
