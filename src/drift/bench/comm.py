@@ -38,13 +38,13 @@ import torch
 
 from drift import comm as collectives
 from drift.bench import output, plots
+from drift.bench.blocks import FIELDS, slab
 from drift.bench.output import positive_int, shape_arg
 from drift.bench.runner import barrier, rank_zero, run_ranks, spread
 from drift.nn import FNO, METHODS
 from drift.truncated import best_order, mode_lists
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-FIELDS = 5  # FNO input and output channels: PDEBench's five fields
 BATCH_TARGET_S = 0.02  # each timed batch of back-to-back calls lasts about this long
 
 
@@ -166,8 +166,7 @@ def fits_from_sweep(rows: Sequence[dict]) -> tuple[dict, dict]:
 
 
 def _fno_worker(shape: tuple, modes: tuple, width: int, methods: Sequence[str], warmup: int, iters: int) -> list:
-    size = collectives.world_size()
-    grid = (size,) + (1,) * (len(shape) - 1)
+    grid = slab(shape, collectives.world_size())
     every = []
     for method in methods:
         model = FNO(FIELDS, FIELDS, width, modes, shape, grid, method=method, seed=0)
