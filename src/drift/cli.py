@@ -1,4 +1,4 @@
-"""The ``drift`` command. Subcommands: ``info``, ``generate``, ``train``, ``evaluate``."""
+"""The ``drift`` command. Subcommands: ``info``, ``generate``, ``train``, ``evaluate``, ``bench``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 
 import drift
+from drift.bench.cli import add_parser as add_bench_parser
+from drift.bench.output import positive
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -146,19 +148,6 @@ def _modes(text: str) -> tuple[int, ...]:
     return modes
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="drift", description="Distributed spectral operators for Fourier neural operators."
@@ -173,17 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Finite-volume solver (MUSCL + Rusanov, SSP-RK2) on the periodic unit cube, gamma = 5/3.",
     )
     gen.add_argument("--out", default="data/3D_CFD_generated.hdf5", help="output HDF5 file")
-    gen.add_argument("--samples", type=_positive(int), default=4)
-    gen.add_argument("--resolution", type=_positive(int), default=32, help="cells per dim")
-    gen.add_argument("--frames", type=_positive(int), default=21, help="saved frames, t = 0 included")
-    gen.add_argument("--t-end", type=_positive(float), default=1.0)
-    gen.add_argument("--mach", type=_positive(float), default=1.0)
+    gen.add_argument("--samples", type=positive(int), default=4)
+    gen.add_argument("--resolution", type=positive(int), default=32, help="cells per dim")
+    gen.add_argument("--frames", type=positive(int), default=21, help="saved frames, t = 0 included")
+    gen.add_argument("--t-end", type=positive(float), default=1.0)
+    gen.add_argument("--mach", type=positive(float), default=1.0)
     gen.add_argument("--eta", type=float, default=1e-8, help="shear viscosity")
     gen.add_argument("--zeta", type=float, default=1e-8, help="bulk viscosity")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(run=_generate)
     _add_train(commands)
     _add_evaluate(commands)
+    add_bench_parser(commands)
     return parser
 
 
@@ -201,19 +191,19 @@ def _add_train(commands) -> None:
     train.add_argument("--data", help="PDEBench 3D CFD HDF5 file (default: generate a small set into the cache)")
     train.add_argument("--grid", type=_grid, help="ranks per spatial dim, like 4x1x1 (default: a slab, Px1x1)")
     train.add_argument("--method", choices=METHODS, default=d.method, help="spectral convolution")
-    train.add_argument("--width", type=_positive(int), default=d.width, help="channels inside the FNO")
+    train.add_argument("--width", type=positive(int), default=d.width, help="channels inside the FNO")
     train.add_argument("--modes", type=_modes, default=d.modes, help="modes per dim (x,y,z,t), Li et al.'s k")
-    train.add_argument("--layers", type=_positive(int), default=d.layers, help="Fourier blocks")
-    train.add_argument("--epochs", type=_positive(int), default=d.epochs)
-    train.add_argument("--lr", type=_positive(float), default=d.lr, help="Adam learning rate")
-    train.add_argument("--batch-size", type=_positive(int), default=d.batch_size)
+    train.add_argument("--layers", type=positive(int), default=d.layers, help="Fourier blocks")
+    train.add_argument("--epochs", type=positive(int), default=d.epochs)
+    train.add_argument("--lr", type=positive(float), default=d.lr, help="Adam learning rate")
+    train.add_argument("--batch-size", type=positive(int), default=d.batch_size)
     train.add_argument("--seed", type=int, default=d.seed, help="weights and shuffling")
     train.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="cpu (Gloo) or cuda (NCCL)")
     train.add_argument("--out", default=d.out, help="run folder: metrics, checkpoints, plots")
-    train.add_argument("--nproc", type=_positive(int), help="local ranks to start (default 1)")
+    train.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    train.add_argument("--t-in", type=_positive(int), default=d.t_in, help="input frames")
-    train.add_argument("--t-out", type=_positive(int), default=d.t_out, help="predicted frames")
+    train.add_argument("--t-in", type=positive(int), default=d.t_in, help="input frames")
+    train.add_argument("--t-out", type=positive(int), default=d.t_out, help="predicted frames")
     train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     train.set_defaults(run=_train)
 
@@ -229,9 +219,9 @@ def _add_evaluate(commands) -> None:
     ev.add_argument("--data", help="data file (default: the one the run trained on)")
     ev.add_argument("--method", choices=METHODS, help="spectral convolution (default: the run's)")
     ev.add_argument("--grid", type=_grid, help="ranks per spatial dim (default: a slab)")
-    ev.add_argument("--nproc", type=_positive(int), help="local ranks to start (default 1)")
+    ev.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")
     ev.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ev.add_argument("--batch-size", type=_positive(int), default=2)
+    ev.add_argument("--batch-size", type=positive(int), default=2)
     ev.add_argument("--json", help="also write the result to this JSON file")
     ev.set_defaults(run=_evaluate)
 

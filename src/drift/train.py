@@ -36,7 +36,7 @@ from drift.nn import FNO, METHODS
 from drift.truncated import mode_lists
 
 # The small data set `drift train` writes when --data is not given.
-DEFAULT_DATA = dict(samples=20, resolution=32, frames=21, seed=0)
+DEFAULT_DATA = dict(samples=64, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
 MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out")
 
@@ -55,7 +55,7 @@ class TrainConfig:
     width: int = 20
     modes: tuple[int, int, int, int] = (4, 4, 4, 4)
     layers: int = 4
-    epochs: int = 12
+    epochs: int = 15
     lr: float = 3e-3
     batch_size: int = 2
     seed: int = 0

@@ -1,7 +1,7 @@
 """``drift bench``: the DRIFT paper's section VI on Gloo CPU ranks of this machine.
 
 ``add_parser(commands)`` registers ``bench`` on the ``drift`` command's subparsers, with the subcommands
-``scaling``, ``phases``, ``modes``, ``comm`` and ``capacity``; each sets ``run(args) -> int``.
+``scaling``, ``phases``, ``modes``, ``comm``, ``capacity`` and ``train``; each sets ``run(args) -> int``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import functools
 import sys
 
-from drift.bench import capacity, comm, modes, phases, scaling
+from drift.bench import capacity, comm, modes, phases, scaling, training
 from drift.bench.output import positive_int
 from drift.bench.runner import threads_per_rank
 
@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "modes": (modes, "sensitivity of one block's forward time to k_max"),
     "capacity": (capacity, "largest grid whose FNO forward or training step fits a memory cap, by bisection"),
     "comm": (comm, "collective times, alpha-beta fit, the FNO's collectives and a cluster projection"),
+    "train": (training, "epoch time and loss curves of drift against dfno on the same data and seed"),
 }
 
 
@@ -27,7 +28,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``bench`` and its subcommands to ``commands`` (the ``drift`` parser's subparsers)."""
     bench = commands.add_parser(
         "bench",
-        help="rerun the DRIFT paper's evaluation (scaling, phases, modes, comm, capacity) on local ranks",
+        help="rerun the DRIFT paper's evaluation (scaling, phases, modes, comm, capacity, train) on local ranks",
         description="Rerun the DRIFT paper's evaluation (section VI) on Gloo CPU ranks of this machine.",
     )
     sub = bench.add_subparsers(title="benchmarks", metavar="BENCHMARK")

@@ -1,0 +1,125 @@
+"""``drift bench train``: DRIFT against DFNO in training (the paper's wall-clock and convergence experiment).
+
+Each method trains the same FNO (the same seed: the same global weights, the same data order) on the
+same data, on a fresh group of ``--nproc`` ranks, through ``drift.train`` itself. Reported per method:
+seconds per epoch (median over epochs, the first included), the loss and test relative L2 curves,
+and the largest relative difference of each epoch's loss from drift's (the methods compute the same
+function, so only float32 rounding separates them).
+
+JSON (``train.json``), besides the common envelope (``drift.bench.output``): ``runs``, one per method:
+``{method, ranks, history: [{epoch, train_loss, test_rel_l2, seconds}], median_epoch_s,
+max_loss_rel_diff_vs_drift}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+from pathlib import Path
+
+from drift.bench import output
+from drift.bench.output import positive_float, positive_int
+from drift.launch import RankError, run_ranks
+from drift.nn import METHODS
+from drift.train import ConfigError, TrainConfig, check_config, ensure_default_data, train_rank
+
+
+def _plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.5), constrained_layout=True)
+    for run in runs:
+        epochs = [r["epoch"] for r in run["history"]]
+        ax[0].semilogy(epochs, [r["train_loss"] for r in run["history"]], "o-", label=run["method"])
+        ax[1].plot(epochs, [r["test_rel_l2"] for r in run["history"]], "o-", label=run["method"])
+    ax[0].set(xlabel="epoch", ylabel="training loss", title="loss")
+    ax[1].set(xlabel="epoch", ylabel="relative L2", title="test relative L2")
+    ax[2].bar([r["method"] for r in runs], [r["median_epoch_s"] for r in runs], color="C2")
+    ax[2].set(ylabel="seconds per epoch (median)", title=f"P = {runs[0]['ranks']}")
+    ax[0].legend()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``drift bench train`` subcommand."""
+    base = TrainConfig(
+        data=args.data,
+        method="drift",
+        width=args.width,
+        modes=tuple(args.modes),
+        layers=args.layers,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        t_in=args.t_in,
+        t_out=args.t_out,
+        device=args.device,
+        nproc=args.nproc,
+        progress=False,
+    )
+    try:
+        if base.data is None:
+            base.data = str(ensure_default_data())
+        check_config(base, args.nproc)
+    except (ConfigError, ValueError) as exc:
+        print(f"drift bench train: error: {exc}")
+        return 2
+    runs = []
+    for method in output.progress(args.methods, "train: methods"):
+        config = dataclasses.replace(base, method=method, out=str(args.out / "runs" / method))
+        try:
+            history = run_ranks(train_rank, (config,), args.nproc)[0]
+        except RankError as exc:
+            print(f"drift bench train: error: {method}: {exc}")
+            return 1
+        seconds = statistics.median(r["seconds"] for r in history)
+        runs.append(dict(method=method, ranks=args.nproc, history=history, median_epoch_s=seconds))
+    reference = next((r for r in runs if r["method"] == "drift"), runs[0])
+    for run_ in runs:
+        pairs = zip(run_["history"], reference["history"], strict=True)
+        run_["max_loss_rel_diff_vs_drift"] = max(abs(a["train_loss"] / b["train_loss"] - 1) for a, b in pairs)
+    rows = [
+        [
+            r["method"],
+            r["ranks"],
+            r["median_epoch_s"],
+            r["median_epoch_s"] / reference["median_epoch_s"],
+            r["history"][-1]["train_loss"],
+            r["history"][-1]["test_rel_l2"],
+            r["max_loss_rel_diff_vs_drift"],
+        ]
+        for r in runs
+    ]
+    header = ["method", "ranks", "s/epoch", "vs drift", "final loss", "test rel L2", "max loss diff"]
+    title = f"training, {args.epochs} epochs, width {args.width}, modes {tuple(args.modes)}, {args.layers} layers"
+    args.out.mkdir(parents=True, exist_ok=True)
+    _plot(runs, args.out / "train.png")
+    path = output.finish(args.out, "train", output.config_of(args), [(title, rows, header)], runs=runs)
+    print(f"wrote {path} and {args.out / 'train.png'}")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``drift bench train``."""
+    d = TrainConfig()
+    parser.add_argument("--nproc", type=positive_int, default=4, help="ranks per run")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=["drift", "dfno"])
+    parser.add_argument("--data", help="PDEBench 3D CFD file (default: drift train's generated set)")
+    parser.add_argument("--epochs", type=positive_int, default=3)
+    parser.add_argument("--width", type=positive_int, default=d.width)
+    parser.add_argument("--modes", type=positive_int, nargs=4, default=list(d.modes), metavar="K")
+    parser.add_argument("--layers", type=positive_int, default=d.layers)
+    parser.add_argument("--lr", type=positive_float, default=d.lr)
+    parser.add_argument("--batch-size", type=positive_int, default=d.batch_size)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--t-in", type=positive_int, default=d.t_in, help="input frames")
+    parser.add_argument("--t-out", type=positive_int, default=d.t_out, help="predicted frames")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", type=Path, default=Path("results/bench/train"))
+    parser.set_defaults(run=run)
