@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -56,10 +55,9 @@ def _train(args: argparse.Namespace) -> int:
     from drift.checkpoint import CheckpointError
     from drift.data import DataError
     from drift.launch import RankError, launched, run_ranks
-    from drift.train import ConfigError, TrainConfig, check_config, ensure_default_data, train_rank
+    from drift.train import ConfigError, check_config, config_from, ensure_default_data, train_rank
 
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    config = config_from(vars(args))
     try:
         if launched():
             world = int(os.environ["WORLD_SIZE"])

@@ -68,6 +68,13 @@ class TrainConfig:
     progress: bool = True
 
 
+def config_from(options: dict, **changes) -> TrainConfig:
+    """A ``TrainConfig`` from parsed command-line options (unknown keys and None values are skipped)."""
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    known = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items() if k in names and v is not None}
+    return TrainConfig(**{**known, **changes})
+
+
 def default_data_path() -> Path:
     """Where the default data set is cached: ``$DRIFT_CACHE`` or ``~/.cache/drift``."""
     cache = Path(os.environ.get("DRIFT_CACHE", Path.home() / ".cache" / "drift"))

@@ -22,7 +22,7 @@ from drift.bench import output
 from drift.bench.output import positive_float, positive_int
 from drift.launch import RankError, run_ranks
 from drift.nn import METHODS
-from drift.train import ConfigError, TrainConfig, check_config, ensure_default_data, train_rank
+from drift.train import ConfigError, TrainConfig, check_config, config_from, ensure_default_data, train_rank
 
 
 def _plot(runs: list[dict], path: Path) -> None:
@@ -47,22 +47,8 @@ def _plot(runs: list[dict], path: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The ``drift bench train`` subcommand."""
-    base = TrainConfig(
-        data=args.data,
-        method="drift",
-        width=args.width,
-        modes=tuple(args.modes),
-        layers=args.layers,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        t_in=args.t_in,
-        t_out=args.t_out,
-        device=args.device,
-        nproc=args.nproc,
-        progress=False,
-    )
+    options = {k: v for k, v in vars(args).items() if k != "out"}
+    base = config_from(options, method="drift", progress=False)
     try:
         if base.data is None:
             base.data = str(ensure_default_data())
