@@ -204,3 +204,15 @@ def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_p
     assert main(["evaluate", out, "--json", str(report)]) == 0
     assert f"test relative L2 {last:.4f}" in capsys.readouterr().out
     assert abs(json.loads(report.read_text())["test_rel_l2"] - last) <= 1e-5 * last
+
+
+def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
+    out = tmp_path / "torchrun"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "drift", "train"]
+    cmd += ["--data", data, "--out", str(out), "--epochs", "2", "--lr", "0.01", *TINY]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("done: 2 epochs") == 1  # rank 0 reports
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    one = train(_config(data, tmp_path / "one", epochs=2))
+    assert _close(_losses(rows), _losses(one), 1e-5)

@@ -66,12 +66,14 @@ def _train(args: argparse.Namespace) -> int:
             config.nproc = world
             if config.data is not None:
                 check_config(config, world)
-            train_rank(config)
-            return 0
-        if config.data is None:
-            config.data = str(ensure_default_data())
-        check_config(config, config.nproc)
-        history = run_ranks(train_rank, (config,), config.nproc)[0]
+            history = train_rank(config)
+            if int(os.environ["RANK"]) != 0:
+                return 0
+        else:
+            if config.data is None:
+                config.data = str(ensure_default_data())
+            check_config(config, config.nproc)
+            history = run_ranks(train_rank, (config,), config.nproc)[0]
     except (ConfigError, DataError, CheckpointError, RankError) as exc:
         return _fail("train", str(exc))
     last = history[-1] if history else None
