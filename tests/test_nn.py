@@ -184,3 +184,16 @@ def test_fno_block_without_autograd_matches():
         inference = model(x)
     assert recorded.requires_grad and not unrecorded.requires_grad
     assert rel_err(unrecorded, recorded) <= 1e-12 and rel_err(inference, recorded) <= 1e-12
+
+
+def test_unrecorded_projection_in_chunks_matches(monkeypatch):
+    """Without autograd the 128-channel projection runs a chunk of points at a time (here 7 points)."""
+    import drift.nn.fno as fno
+
+    model = FNO(2, 3, 6, (2, 2, 3), (9, 8, 6), (1, 1, 1), n_layers=1, dtype=torch.float64, seed=5)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 10)
+    recorded = model(x)
+    monkeypatch.setattr(fno, "PROJECTION_CHUNK_BYTES", 2 * fno.PROJECTION_WIDTH * 8 * 7)
+    with torch.no_grad():
+        chunked = model(x)
+    assert chunked.shape == recorded.shape and rel_err(chunked, recorded) <= 1e-12

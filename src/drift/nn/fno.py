@@ -15,6 +15,7 @@ from drift.profiling import phase
 from drift.truncated import ModeSpec
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
+PROJECTION_CHUNK_BYTES = 64 * 2**20  # hidden activations per chunk of an unrecorded projection
 
 
 class PointwiseLinear(nn.Module):
@@ -133,7 +134,20 @@ class FNO(nn.Module):
         x = self.lift(x)
         for i, (spectral, pointwise) in enumerate(zip(self.spectral, self.pointwise, strict=True)):
             x = fno_block(spectral, pointwise, x, activation=i < len(self.spectral) - 1)
-        return self.project_out(F.gelu(self.project_hidden(x)))
+        if torch.is_grad_enabled() and (x.requires_grad or self.project_hidden.weight.requires_grad):
+            return self.project_out(F.gelu(self.project_hidden(x)))
+        return self._project_in_chunks(x)
+
+    def _project_in_chunks(self, x: torch.Tensor) -> torch.Tensor:
+        """The projection without autograd, a chunk of points at a time: its 128-channel hidden layer,
+        the largest tensor of an FNO forward, then never exists for the whole block at once."""
+        flat = x.reshape(x.shape[0], x.shape[1], -1)
+        out = flat.new_empty(x.shape[0], self.project_out.weight.shape[0], flat.shape[2])
+        step = max(1, PROJECTION_CHUNK_BYTES // (x.shape[0] * PROJECTION_WIDTH * x.element_size()))
+        for start in range(0, flat.shape[2], step):
+            part = flat[..., start : start + step]
+            out[..., start : start + step] = self.project_out(F.gelu(self.project_hidden(part)))
+        return out.view(x.shape[0], -1, *x.shape[2:])
 
     def global_state(self) -> dict[str, torch.Tensor]:
         """A single-device state dict (the full spectral weights), the same on every rank."""
