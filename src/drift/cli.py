@@ -97,7 +97,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from drift.checkpoint import CheckpointError
     from drift.data import DataError
     from drift.launch import RankError, launched, run_ranks
-    from drift.train import ConfigError
+    from drift.train import ConfigError, find_checkpoint
 
     kwargs = dict(
         checkpoint=args.checkpoint,
@@ -108,6 +108,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     try:
+        find_checkpoint(args.checkpoint)  # a missing checkpoint fails here, before any rank starts
         if launched():
             result = _evaluate_rank(kwargs)
         else:

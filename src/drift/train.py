@@ -293,6 +293,12 @@ def train_rank(config: TrainConfig) -> list[dict]:
         leave_process_group()
 
 
+def find_checkpoint(where: str | Path) -> Path:
+    """The checkpoint a run folder (its latest), its ``checkpoints`` folder or a checkpoint folder names."""
+    root = Path(where)
+    return latest_checkpoint(root / "checkpoints" if (root / "checkpoints").is_dir() else root)
+
+
 def evaluate(
     checkpoint: str | Path,
     *,
@@ -308,8 +314,7 @@ def evaluate(
     ``data`` defaults to the file the run trained on, ``method`` to the run's (any method loads any
     other's checkpoint: the weights are the same global ones).
     """
-    root = Path(checkpoint)
-    path = latest_checkpoint(root / "checkpoints" if (root / "checkpoints").is_dir() else root)
+    path = find_checkpoint(checkpoint)
     meta = read_meta(path)
     config = TrainConfig(**{**meta["config"], "modes": tuple(meta["config"]["modes"]), "grid": grid})
     config.method = method or config.method
