@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from drift.profiling import synchronize_device
+
 
 def is_initialized() -> bool:
     """Whether the default process group exists."""
@@ -119,9 +121,14 @@ def comm_log() -> Iterator[CommLog]:
 
 @contextlib.contextmanager
 def _recorded(kind: str, payload: int, wire: int, size: int) -> Iterator[None]:
-    """Time the collective issued inside the block and record it in every open log."""
+    """Time the collective issued inside the block and record it in every open log (on CUDA, between
+    device synchronisations while a log is open: NCCL calls return before they finish)."""
+    if _active_logs:
+        synchronize_device()
     start = time.perf_counter()
     yield
+    if _active_logs:
+        synchronize_device()
     seconds = time.perf_counter() - start
     for log in _active_logs:
         log.calls.append(Collective(kind, payload, wire, size, seconds))

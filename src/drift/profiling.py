@@ -33,15 +33,16 @@ def phase(name: str) -> Iterator[None]:
     if not _active:
         yield
         return
-    _synchronize()
+    synchronize_device()
     start = time.perf_counter()
     yield
-    _synchronize()
+    synchronize_device()
     elapsed = time.perf_counter() - start
     for seconds in _active:
         seconds[name] += elapsed
 
 
-def _synchronize() -> None:
+def synchronize_device() -> None:
+    """Wait for the current CUDA device's kernels when CUDA is in use (so wall time covers them)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()

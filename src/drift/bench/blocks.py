@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import drift
-from drift.bench.runner import RankError, peak_rss_gb, run_ranks, spread, timed
+from drift.bench.runner import RankError, device, peak_rss_gb, run_ranks, spread, timed
 from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block
 from drift.truncated import mode_lists
 
@@ -76,9 +76,10 @@ def block_worker(cases: Sequence[tuple], warmup: int, iters: int, backward: bool
     size = drift.comm.world_size()
     results = []
     for shape, modes, width, method in cases:
-        conv = SpectralConv(width, width, shape, modes, slab(shape, size), method=method, seed=1)
-        linear = PointwiseLinear(width, width, torch.Generator().manual_seed(2))
-        x = torch.randn(1, width, *conv.plan.local_shape)
+        where = device()
+        conv = SpectralConv(width, width, shape, modes, slab(shape, size), method=method, seed=1, device=where)
+        linear = PointwiseLinear(width, width, torch.Generator().manual_seed(2), device=where)
+        x = torch.randn(1, width, *conv.plan.local_shape, device=where)
         block = functools.partial(fno_block, conv, linear)
         results.append(_rank_result(*_time_passes(block, x, warmup, iters, backward)))
     return results
@@ -105,8 +106,8 @@ def fno_worker(cases: Sequence[tuple], warmup: int, iters: int) -> list[dict[str
     size = drift.comm.world_size()
     results = []
     for shape, modes, width, method in cases:
-        model = FNO(FIELDS, FIELDS, width, modes, shape, slab(shape, size), method=method, seed=0)
-        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape)
+        model = FNO(FIELDS, FIELDS, width, modes, shape, slab(shape, size), method=method, seed=0, device=device())
+        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape, device=device())
         outer: dict[str, float] = {}
         # Lift and projection are not layers' phases: time them with hooks (the GeLU between the two
         # projection layers included) and add them to each pass's phases.

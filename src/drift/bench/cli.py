@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
+
+import torch
 
 from drift.bench import capacity, comm, modes, phases, scaling, training
 from drift.bench.output import positive_int
-from drift.bench.runner import threads_per_rank
+from drift.bench.runner import DEVICE_ENV, threads_per_rank
 
 SUBCOMMANDS = {
     "scaling": (scaling, "strong and weak scaling of one FNO block, forward and backward, per method"),
@@ -38,12 +41,24 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         parser.add_argument(
             "--threads", type=positive_int, help="threads per rank (default: cores // P; 1 on a loaded machine)"
         )
-        parser.set_defaults(run=functools.partial(_run_with_threads, parser.get_default("run")))
+        if name not in ("train", "capacity"):  # train has its own --device; capacity caps host memory
+            parser.add_argument(
+                "--device", choices=("cpu", "cuda"), default="cpu", help="cpu (Gloo) or one GPU per rank (NCCL)"
+            )
+        parser.set_defaults(run=functools.partial(_run_with_options, parser.get_default("run")))
     bench.set_defaults(run=lambda _args: bench.print_help() or 0)
     return bench
 
 
-def _run_with_threads(run, args: argparse.Namespace) -> int:
+def _run_with_options(run, args: argparse.Namespace) -> int:
+    """Run a subcommand with ``--threads`` per rank and its ranks on ``--device`` (read by the ranks
+    from ``runner.DEVICE_ENV``)."""
+    where = getattr(args, "device", "cpu")
+    if where == "cuda" and not torch.cuda.is_available():
+        print("drift bench: error: --device cuda: no CUDA device is available", file=sys.stderr)
+        return 2
+    if hasattr(args, "device"):
+        os.environ[DEVICE_ENV] = where
     with threads_per_rank(args.threads):
         return run(args)
 

@@ -43,7 +43,7 @@ from drift import comm as collectives
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, slab
 from drift.bench.output import positive_int, shape_arg
-from drift.bench.runner import barrier, rank_zero, run_ranks, spread
+from drift.bench.runner import barrier, device, rank_zero, run_ranks, spread, synchronize
 from drift.nn import FNO, METHODS
 from drift.truncated import best_order, mode_lists
 
@@ -115,19 +115,20 @@ def _accuracy(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -
 def _operands(kind: str, nbytes: int, size: int) -> tuple:
     """The call and its input for an ``nbytes`` float32 vector (rounded to a multiple of ``size``)."""
     per_rank = max(1, nbytes // (4 * size))
+    on = dict(device=device())
     if kind == "all_reduce":
-        return collectives.all_reduce, torch.ones(per_rank * size)
+        return collectives.all_reduce, torch.ones(per_rank * size, **on)
     if kind == "reduce_scatter":
-        return collectives.reduce_scatter, torch.ones(size, per_rank)
+        return collectives.reduce_scatter, torch.ones(size, per_rank, **on)
     if kind == "all_gather":
-        return collectives.all_gather, torch.ones(1, per_rank)
+        return collectives.all_gather, torch.ones(1, per_rank, **on)
     counts = [per_rank] * size
-    out = torch.empty(per_rank * size)
+    out = torch.empty(per_rank * size, **on)
 
     def exchange(x: torch.Tensor) -> torch.Tensor:
         return collectives.all_to_all(x, counts, counts, out=out)
 
-    return exchange, torch.ones(per_rank * size)
+    return exchange, torch.ones(per_rank * size, **on)
 
 
 def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters: int) -> dict:
@@ -139,10 +140,11 @@ def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters
         start = time.perf_counter()
         for _ in range(warmup):
             call(x)
+        synchronize()
         # Batches long enough that timer and barrier costs vanish next to them: one decision for all
         # ranks (rank 0's), so that every rank runs the same number of calls.
         each = (time.perf_counter() - start) / max(warmup, 1)
-        batch = torch.tensor([max(1, min(200, round(BATCH_TARGET_S / max(each, 1e-6))))])
+        batch = torch.tensor([max(1, min(200, round(BATCH_TARGET_S / max(each, 1e-6))))], device=device())
         batch = int(collectives.broadcast(batch, src=0)) if size > 1 else int(batch)
         samples = []
         for _ in range(iters):
@@ -150,6 +152,7 @@ def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters
             start = time.perf_counter()
             for _ in range(batch):
                 call(x)
+            synchronize()
             samples.append((time.perf_counter() - start) / batch)
         result[(kind, nbytes)] = samples
     return {"rank": rank, "samples": result}
@@ -188,8 +191,8 @@ def _fno_worker(shape: tuple, modes: tuple, width: int, methods: Sequence[str], 
     grid = slab(shape, collectives.world_size())
     every = []
     for method in methods:
-        model = FNO(FIELDS, FIELDS, width, modes, shape, grid, method=method, seed=0)
-        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape)
+        model = FNO(FIELDS, FIELDS, width, modes, shape, grid, method=method, seed=0, device=device())
+        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape, device=device())
         per_forward = []
         with torch.no_grad():
             for i in range(warmup + iters):

@@ -1,6 +1,7 @@
 """Spawn P ranks on 127.0.0.1, run one function on each, collect what every rank returns.
 
-``run_ranks(P, fn, *args)`` starts P fresh processes (spawn), joins them into a Gloo process group on a
+``run_ranks(P, fn, *args)`` starts P fresh processes (spawn), joins them into a Gloo process group (NCCL
+with one GPU per rank when ``DRIFT_BENCH_DEVICE=cuda``; ``device()`` is the rank's device) on a
 free port whose collectives time out after ``group_timeout_s``, gives each ``max(1, cores // P)``
 threads (``threads_per_rank`` overrides that), calls ``fn(*args)`` on every rank and returns the
 per-rank results in rank order. Any failure is a ``RankError`` and never a hang: an exception or a death
@@ -94,11 +95,32 @@ def peak_private_gb() -> float:
     return peak_rss_gb() - int(fields[2]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
+DEVICE_ENV = "DRIFT_BENCH_DEVICE"
+
+
+def device() -> torch.device:
+    """This rank's device: the CPU, or with ``DRIFT_BENCH_DEVICE=cuda`` GPU ``rank % GPUs``."""
+    if os.environ.get(DEVICE_ENV, "cpu") != "cuda":
+        return torch.device("cpu")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+def synchronize() -> None:
+    """Wait for this rank's device (CUDA kernels run asynchronously); nothing to do on the CPU."""
+    if device().type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _entry(rank: int, size: int, port: int, threads: int, group_timeout_s: float, out: str, fn, args) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
+    cuda = os.environ.get(DEVICE_ENV, "cpu") == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     # Even one rank joins a group, so that barriers and drift.comm behave the same at every P.
-    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=group_timeout_s))
+    timeout = datetime.timedelta(seconds=group_timeout_s)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=size, timeout=timeout)
     try:
         result = fn(*args)
         Path(out, f"{rank}.pkl").write_bytes(pickle.dumps(result))
@@ -175,8 +197,10 @@ def rank_zero() -> bool:
 
 
 def barrier() -> None:
-    """Wait for every rank of the default group."""
+    """Wait for every rank of the default group (and, on a GPU, for this rank's kernels first)."""
+    synchronize()
     dist.barrier()
+    synchronize()
 
 
 def timed(fn: Callable[[], Any]) -> float:
