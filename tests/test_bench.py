@@ -9,6 +9,7 @@ import math
 import time
 
 import pytest
+import torch
 
 from drift.bench import capacity, cli, comm
 from drift.bench.runner import MemoryCapExceeded, RankError, run_ranks
@@ -207,3 +208,11 @@ def test_bad_options_are_one_line_errors(capsys):
     # Modes that do not fit the grid: an error before any rank starts.
     assert cli.main(["scaling", "--shape", "8x8x8x6", "--nproc", "1"]) == 2
     assert "modes (8, 8, 8, 16) on grid 8x8x8x6" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
+def test_cuda_without_a_gpu_is_a_one_line_error(capsys):
+    assert cli.main(["modes", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == "drift bench: error: --device cuda: no CUDA device is available"
+    with pytest.raises(SystemExit):
+        cli.main(["capacity", "--device", "cuda"])  # capacity caps host memory: no --device
