@@ -28,8 +28,6 @@ import drift
 from drift.bench import blocks
 from drift.nn import SpectralConv, neuralop_n_modes
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9

@@ -64,9 +64,7 @@ def _train(args: argparse.Namespace) -> int:
             if args.nproc is not None and args.nproc != world:
                 raise ConfigError(f"--nproc {args.nproc} under torchrun, which started {world} ranks")
             config.nproc = world
-            if config.data is not None:
-                check_config(config, world)
-            history = train_rank(config)
+            history = train_rank(config)  # checks the options on every rank, after the data exist
             if int(os.environ["RANK"]) != 0:
                 return 0
         else:
@@ -83,14 +81,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate_rank(kwargs: dict) -> dict:
-    from drift.launch import join_process_group, leave_process_group
+    from drift.launch import process_group
     from drift.train import evaluate
 
-    join_process_group(kwargs["device"])
-    try:
+    with process_group(kwargs["device"]):
         return evaluate(**kwargs)
-    finally:
-        leave_process_group()
 
 
 def _evaluate(args: argparse.Namespace) -> int:

@@ -3,16 +3,17 @@
 ``run_ranks(fn, args, nproc)`` starts ``nproc`` local ranks through torch's elastic launcher (the
 machinery behind torchrun, rendezvous on 127.0.0.1) and calls ``fn(*args)`` in each; with
 ``nproc == 1`` it calls ``fn`` in this process, with no process group. Inside a rank,
-``join_process_group(device)`` initialises the default group from the environment torchrun or the
-launcher set (Gloo for CPU, NCCL for CUDA) and picks this rank's device.
+``with process_group(device):`` joins the default group the environment torchrun or the launcher set
+(Gloo for CPU, NCCL for CUDA), picks this rank's device and leaves the group at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -31,8 +32,10 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def join_process_group(device: str = "cpu") -> torch.device:
-    """Join the group the environment describes (if any) and return this rank's device.
+@contextlib.contextmanager
+def process_group(device: str = "cpu") -> Iterator[torch.device]:
+    """Inside the block this process is in the group the environment describes (if any: alone
+    otherwise); yields this rank's device and leaves the group at the end.
 
     Sets the thread count to this machine's cores shared among the local ranks, unless
     ``OMP_NUM_THREADS`` says otherwise.
@@ -50,12 +53,11 @@ def join_process_group(device: str = "cpu") -> torch.device:
         where = torch.device("cpu")
     if launched() and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=TIMEOUT)
-    return where
-
-
-def leave_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    try:
+        yield where
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def run_ranks(fn: Callable, args: tuple, nproc: int) -> list:

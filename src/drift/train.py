@@ -28,10 +28,11 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from drift import comm
+from drift._plan import resolve_device
 from drift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
 from drift.decomposition import check_grid
-from drift.launch import join_process_group, leave_process_group
+from drift.launch import process_group
 from drift.nn import FNO, METHODS
 from drift.truncated import mode_lists
 
@@ -193,28 +194,29 @@ def _datasets(config: TrainConfig, data: Path, stats: Stats | None) -> tuple[PDE
     return train_set, test_set
 
 
-def resume_point(config: TrainConfig) -> Path:
-    """The checkpoint ``--resume`` continues from; CheckpointError if the run's options differ."""
+def resume_point(config: TrainConfig) -> tuple[Path, dict]:
+    """The checkpoint ``--resume`` continues from and its meta; CheckpointError if the run's options
+    differ."""
     path = latest_checkpoint(Path(config.out) / "checkpoints")
-    saved = read_meta(path)["config"]
+    meta = read_meta(path)
+    saved = meta["config"]
     for name in (*MODEL_OPTIONS, "method", "lr", "batch_size"):
         if json.loads(json.dumps(getattr(config, name))) != saved[name]:
             option = f"--{name.replace('_', '-')}"
             raise CheckpointError(
                 f"{path}: {option} is {getattr(config, name)}, the run was trained with {saved[name]}"
             )
-    return path
+    return path, meta
 
 
 def train(config: TrainConfig) -> list[dict]:
     """Train on this rank's blocks (call on every rank of the default group, or alone); returns the
     per-epoch metrics (the same on every rank). Rank 0 writes ``config.out``: ``metrics.jsonl``,
     ``stats.json``, ``checkpoints/``, and at the end ``loss.png`` and ``slice.png``."""
-    device = torch.device(config.device, torch.cuda.current_device()) if config.device == "cuda" else "cpu"
+    device = resolve_device(config.device)
     rank, out = comm.rank(), Path(config.out)
     data = Path(config.data) if config.data is not None else default_data_path()
-    resume_from = resume_point(config) if config.resume else None
-    saved = read_meta(resume_from) if resume_from is not None else None
+    resume_from, saved = resume_point(config) if config.resume else (None, None)
     train_set, test_set = _datasets(config, data, _stats(saved) if saved else None)
     model = build_model(config, train_set.global_shape, train_set.grid, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
@@ -255,7 +257,6 @@ def train(config: TrainConfig) -> list[dict]:
         meta = dict(
             epoch=epoch + 1,
             world_size=comm.world_size(),
-            method=config.method,
             config=dataclasses.asdict(config) | dict(data=str(data)),
             stats=dataclasses.asdict(train_set.stats),
             global_shape=list(train_set.global_shape),
@@ -272,7 +273,7 @@ def train(config: TrainConfig) -> list[dict]:
                     f"test rel L2 {test_l2:.4f}  {seconds:5.1f} s"
                 )
     bar.close()
-    if history and len(test_set):
+    if history:
         _plots(out, history, model, test_set, device, config.method)
     return history
 
@@ -280,8 +281,7 @@ def train(config: TrainConfig) -> list[dict]:
 def train_rank(config: TrainConfig) -> list[dict]:
     """One rank of ``drift train`` (an entry point for ``drift.launch.run_ranks`` or torchrun): join the
     process group, make sure the data exist (rank 0 generates the default set), check, train."""
-    join_process_group(config.device)
-    try:
+    with process_group(config.device):
         if config.data is None:
             if comm.rank() == 0:
                 ensure_default_data(config.progress)
@@ -289,8 +289,6 @@ def train_rank(config: TrainConfig) -> list[dict]:
             config = dataclasses.replace(config, data=str(default_data_path()))
         check_config(config, comm.world_size())
         return train(config)
-    finally:
-        leave_process_group()
 
 
 def find_checkpoint(where: str | Path) -> Path:
@@ -316,10 +314,10 @@ def evaluate(
     """
     path = find_checkpoint(checkpoint)
     meta = read_meta(path)
-    config = TrainConfig(**{**meta["config"], "modes": tuple(meta["config"]["modes"]), "grid": grid})
+    config = config_from(meta["config"], grid=grid)
     config.method = method or config.method
     config.data = data or config.data
-    where = torch.device(device, torch.cuda.current_device()) if device == "cuda" else "cpu"
+    where = resolve_device(device)
     _, test_set = _datasets(config, Path(config.data), _stats(meta))
     model = build_model(config, test_set.global_shape, test_set.grid, where)
     load_checkpoint(path, model)
@@ -344,8 +342,7 @@ def _plots(out: Path, history: list[dict], model: FNO, test_set: PDEBench3D, dev
         x, y = _batch(test_set, [0], device)
         pred = model(x)[0, 0, ..., -1]
         true = y[0, 0, ..., -1]
-    grid = (*test_set.grid,)
-    pred, true = gather(pred, test_set.global_shape, grid), gather(true, test_set.global_shape, grid)
+    pred, true = (gather(t, test_set.global_shape, test_set.grid) for t in (pred, true))
     if comm.rank() != 0:
         return
     import matplotlib
