@@ -8,6 +8,7 @@ import json
 import math
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,6 +26,42 @@ def test_fit_recovers_alpha_and_beta_from_model_times():
         assert fit.alpha_s == pytest.approx(truth.alpha_s, rel=1e-9)
         assert fit.beta_s_per_byte == pytest.approx(truth.beta_s_per_byte, rel=1e-9)
         assert comm.max_rel_error(fit, kind, points) < 1e-9
+
+
+def test_fit_recovers_the_threshold_model():
+    truth = comm.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10, gamma_s=1e-4, threshold_bytes=2**16)
+    sizes = [2**k for k in range(15, 25)]
+    rows = [
+        {"kind": kind, "ranks": p, "bytes": n, "seconds": {"mean": truth.predict(kind, p, n)}}
+        for kind in comm.KINDS
+        for p in (2, 4)
+        for n in sizes
+    ]
+    assert comm.choose_threshold(rows) == 2**16
+    model = comm.fits_from_sweep(rows)
+    assert model["threshold_bytes"] == 2**16 and model["without_threshold"]["within_25_percent"] < len(rows)
+    for kind in comm.KINDS:
+        for p in (2, 4):
+            fit = comm.model_for(model, kind, p)
+            assert (fit.alpha_s, fit.beta_s_per_byte, fit.gamma_s) == pytest.approx((3e-5, 2e-10, 1e-4), rel=1e-8)
+            assert model["fits_per_ranks"][kind][p]["within_25_percent"] == len(sizes)
+        assert model["fits"][kind]["max_rel_error"] < 1e-8  # the same machine at every P: one fit holds
+    unmeasured = comm.model_for(model, "all_reduce", 8)  # P = 8 was not swept: the fit over all P
+    assert unmeasured.alpha_s == model["fits"]["all_reduce"]["alpha_s"]
+    assert comm.model_for(model, "broadcast", 2) is None
+
+
+def test_non_negative_least_squares_matches_scipy():
+    from scipy.optimize import nnls
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        a = rng.standard_normal((9, 3))
+        b = rng.standard_normal(9)
+        mine, reference = comm.non_negative_lstsq(a, b), nnls(a, b)[0]
+        assert mine.min() >= 0
+        assert np.sum((a @ mine - b) ** 2) == pytest.approx(np.sum((a @ reference - b) ** 2), rel=1e-9, abs=1e-12)
+        np.testing.assert_allclose(mine, reference, atol=1e-9)
 
 
 def test_fit_keeps_alpha_and_beta_non_negative():
@@ -126,13 +163,18 @@ def test_bench_comm(tmp_path, capsys):
         *("--project-ranks", "4", "64"),
     )
     assert {r["kind"] for r in data["sweep"]} == set(comm.KINDS)
-    assert all(r["ranks"] == 2 and r["seconds"]["median"] > 0 for r in data["sweep"])
-    for fit in data["fits"].values():
-        assert fit["alpha_s"] >= 0 and fit["beta_s_per_byte"] >= 0 and math.isfinite(fit["max_rel_error"])
+    assert all(r["ranks"] == 2 and r["seconds"]["mean"] > 0 and r["seconds"]["n"] == 2 for r in data["sweep"])
+    threshold = data["threshold_bytes"]
+    assert threshold is None or 1024 <= threshold < 1024 * 1024 // 2
+    for fit in [*data["fits"].values(), *(f for per in data["fits_per_ranks"].values() for f in per.values())]:
+        assert min(fit["alpha_s"], fit["beta_s_per_byte"], fit["gamma_s"]) >= 0
+        assert fit["threshold_bytes"] == threshold and math.isfinite(fit["max_rel_error"])
+    assert data["without_threshold"]["points"] == len(data["sweep"])
     kinds = {(r["method"], r["kind"]) for r in data["fno"]}
     assert kinds == {("drift", "reduce_scatter"), ("drift", "all_gather"), ("dfno", "all_to_all")}
     for r in data["fno"]:
         assert r["calls"] > 0 and r["bytes"] > 0 and math.isfinite(r["model_s"] / r["measured_s"])
+        assert 0 < r["last_arrival_s"] <= r["measured_s"]
     assert [r["ranks"] for r in data["projection"]] == [4, 64] and data["cluster"]["name"] == "paper"
     assert (out / "comm_fit.png").exists() and (out / "projection.png").exists()
     assert "PROJECTION" in capsys.readouterr().out

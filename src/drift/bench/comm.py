@@ -2,33 +2,39 @@
 
 1. Sweep: for each rank count P and each collective of ``drift.comm`` (all-reduce, reduce-scatter,
    all-gather, all-to-all) and message size n (bytes of the whole vector: the all-reduce input, the
-   reduce-scatter input, the all-gather output, the all-to-all input), the time of one call: batches
-   of back-to-back calls after a barrier, per-call time of a batch, median over ``iters`` batches,
-   then the slowest rank.
-2. Fit: per collective, ``t = alpha * L(P) + beta * W(P, n)`` with the ring-algorithm terms of
-   ``terms`` (the bandwidth-optimal schedules Gloo and NCCL use for large messages), least squares in
-   relative error over every P and n measured; one (alpha, beta) per collective for all P. The fit is
-   also done per P (on an oversubscribed CPU host, P ranks on fewer cores are a different "network" for
-   each P). Reported: the largest and median relative error of the model over the measured points and
-   how many points it predicts within 25%.
+   reduce-scatter input, the all-gather output, the all-to-all input), the time of one call: ``iters``
+   rounds, each one batch of back-to-back calls after a barrier per (collective, size), in a fresh
+   order each round; per-call time of each batch; the mean over batches (what a sequence of calls
+   costs; on an oversubscribed host the median jumps between the modes of a call that finishes within
+   a time slice and one that waits one out), then the slowest rank.
+2. Fit (``Fit``): ``t = alpha L(P) + beta W(P, n) + gamma L(P) [n / P > S]`` with the ring-algorithm
+   terms of ``terms`` (the bandwidth-optimal schedules Gloo and NCCL use for large messages), least
+   squares in relative error, coefficients >= 0. The threshold S is one per machine: the power of two
+   (or none) with the least error over every fit (``choose_threshold``). Each collective is fitted per
+   P (on an oversubscribed CPU host, P ranks on fewer cores are a different "network" for each P) and
+   once over all P. Reported: the largest and median relative error of the model over the measured
+   points, how many it predicts within 25%, and the same for the plain alpha-beta model (no S).
 3. Table I of the paper: the collectives of one FNO forward (drift and dfno) on ``--fno-shape`` with
-   ``comm_log``: per kind, calls, payload bytes, measured seconds and the fitted model's seconds.
+   ``comm_log``: per kind, calls, payload bytes, measured seconds and the model's seconds (``model_for``).
 4. Projection: the forward time of one FNO block for drift and dfno on a cluster given by alpha,
    beta and a compute rate (``--cluster``; ``paper``: derived in ``PAPER`` from the paper's measured
    times), for P up to 1024. A model, not a measurement.
 
 JSON (``comm.json``), besides the common envelope (``drift.bench.output``):
-``sweep``: rows ``{kind, ranks, bytes, seconds: {median, q1, q3, min, max, n}}`` (slowest rank);
-``fits``: ``{kind: {alpha_s, beta_s_per_byte, max_rel_error, median_rel_error, within_25_percent,
-points}}`` (all P) and ``fits_per_ranks``:
-``{kind: {P: {...}}}``; ``fno``: rows ``{method, ranks, shape, kind, calls, bytes, measured_s, model_s}``
-per forward; ``cluster``: ``{name, alpha_s, beta_s_per_byte, flops_per_s, source}``; ``projection``:
-rows ``{ranks, grid, drift: {compute_s, comm_s, total_s}, dfno: {...}, ratio}``.
+``sweep``: rows ``{kind, ranks, bytes, seconds: {mean, median, q1, q3, min, max, n}}`` (slowest rank,
+over batches); ``threshold_bytes``: S or null; ``fits_per_ranks``: ``{kind: {P: {alpha_s,
+beta_s_per_byte, gamma_s, threshold_bytes, max_rel_error, median_rel_error, within_25_percent,
+points}}}``; ``fits``: ``{kind: {...}}`` (one fit over all P); ``without_threshold``:
+``{within_25_percent, points, max_rel_error}`` of the per-P plain alpha-beta fits; ``fno``: rows
+``{method, ranks, shape, kind, calls, bytes, measured_s, last_arrival_s, model_s}`` per forward; ``cluster``:
+``{name, alpha_s, beta_s_per_byte, flops_per_s, source}``; ``projection``: rows ``{ranks, grid,
+drift: {compute_s, comm_s, total_s}, dfno: {...}, ratio}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import time
@@ -48,7 +54,7 @@ from drift.nn import FNO, METHODS
 from drift.truncated import best_order, mode_lists
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-BATCH_TARGET_S = 0.02  # each timed batch of back-to-back calls lasts about this long
+BATCH_TARGET_S = 0.01  # each timed batch of back-to-back calls lasts about this long
 
 
 def terms(kind: str, size: int, nbytes: float) -> tuple[float, float]:
@@ -66,29 +72,79 @@ def terms(kind: str, size: int, nbytes: float) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Fit:
-    """An alpha-beta model: alpha in seconds per latency step, beta in seconds per byte."""
+    """An alpha-beta model with a message-size threshold: ``t = alpha L + beta W + gamma L [n / P > S]``.
+
+    alpha: seconds per latency step; beta: seconds per byte sent; gamma: extra seconds per step whose
+    message (``n / P`` bytes, to one peer) exceeds ``threshold_bytes`` S, as in LogGPS's synchronisation
+    threshold (on loopback TCP a message longer than one 64 KiB segment costs each side another wake-up).
+    ``threshold_bytes=None``: the plain alpha-beta model.
+    """
 
     alpha_s: float
     beta_s_per_byte: float
+    gamma_s: float = 0.0
+    threshold_bytes: int | None = None
 
     def predict(self, kind: str, size: int, nbytes: float) -> float:
         """Modelled seconds of one ``kind`` call on ``size`` ranks over an ``nbytes`` vector."""
         steps, wire = terms(kind, size, nbytes)
-        return self.alpha_s * steps + self.beta_s_per_byte * wire
+        seconds = self.alpha_s * steps + self.beta_s_per_byte * wire
+        if self.threshold_bytes is not None and nbytes / size > self.threshold_bytes:
+            seconds += self.gamma_s * steps
+        return seconds
 
 
-def fit_alpha_beta(kind: str, points: Sequence[tuple[int, float, float]]) -> Fit:
-    """Least squares in relative error of ``t = alpha L + beta W`` over ``(ranks, bytes, seconds)``
-    points, with alpha, beta >= 0 (a negative one is dropped and the other refitted)."""
-    rows = np.array([terms(kind, p, n) for p, n, _ in points], dtype=np.float64)
+def fit_alpha_beta(kind: str, points: Sequence[tuple[int, float, float]], threshold_bytes: int | None = None) -> Fit:
+    """Least squares in relative error of the model of ``Fit`` over ``(ranks, bytes, seconds)`` points,
+    every coefficient >= 0; gamma is fitted only with a threshold."""
+    columns = []
+    for p, n, _ in points:
+        steps, wire = terms(kind, p, n)
+        columns.append([steps, wire] + ([steps * (n / p > threshold_bytes)] if threshold_bytes is not None else []))
     t = np.array([s for _, _, s in points], dtype=np.float64)
-    a = rows / t[:, None]  # relative error: every size counts alike across three decades
-    coef = np.linalg.lstsq(a, np.ones_like(t), rcond=None)[0]
-    if coef.min() < 0:
-        keep = int(np.argmax(coef))
-        coef = np.zeros(2)
-        coef[keep] = np.linalg.lstsq(a[:, keep : keep + 1], np.ones_like(t), rcond=None)[0][0]
-    return Fit(float(coef[0]), float(coef[1]))
+    a = np.array(columns, dtype=np.float64) / t[:, None]  # relative error: every size counts alike
+    coef = non_negative_lstsq(a, np.ones_like(t))
+    gamma = float(coef[2]) if threshold_bytes is not None else 0.0
+    return Fit(float(coef[0]), float(coef[1]), gamma, threshold_bytes)
+
+
+def non_negative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``argmin ||a x - b||`` over ``x >= 0`` for a few columns. The solution is the unconstrained least
+    squares solution on its own support, so the best non-negative one over all supports is it."""
+    best, best_residual = np.zeros(a.shape[1]), float(b @ b)
+    for k in range(1, a.shape[1] + 1):
+        for support in itertools.combinations(range(a.shape[1]), k):
+            x = np.zeros(a.shape[1])
+            x[list(support)] = np.linalg.lstsq(a[:, support], b, rcond=None)[0]
+            residual = float(np.sum((a @ x - b) ** 2))
+            # A larger support must do strictly better: a coefficient that does not help stays 0.
+            if x.min() >= 0 and residual < best_residual * (1 - 1e-9):
+                best, best_residual = x, residual
+    return best
+
+
+def choose_threshold(rows: Sequence[dict]) -> int | None:
+    """The threshold S of this machine: the power of two from 1 KiB up to the largest message of one step
+    (or none) that gives the per-P fits of every collective the least squared relative error."""
+    largest = max(r["bytes"] / r["ranks"] for r in rows)
+    candidates = [None] + [1 << k for k in range(10, 64) if (1 << k) < largest]
+
+    def squared_error(threshold: int | None) -> float:
+        total = 0.0
+        for (kind, _), points in _points(rows).items():
+            fit = fit_alpha_beta(kind, points, threshold)
+            total += sum(e * e for e in rel_errors(fit, kind, points))
+        return total
+
+    return min(candidates, key=squared_error)
+
+
+def _points(rows: Sequence[dict]) -> dict[tuple[str, int], list[tuple[int, float, float]]]:
+    """The sweep's ``(ranks, bytes, mean seconds)`` points per collective and P."""
+    points = {}
+    for r in rows:
+        points.setdefault((r["kind"], r["ranks"]), []).append((r["ranks"], r["bytes"], r["seconds"]["mean"]))
+    return points
 
 
 def rel_errors(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> list[float]:
@@ -133,10 +189,10 @@ def _operands(kind: str, nbytes: int, size: int) -> tuple:
 
 def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters: int) -> dict:
     size, rank = collectives.world_size(), collectives.rank()
-    result = {}
     cases = [(k, n) for k in kinds for n in sizes]
-    for kind, nbytes in output.progress(cases, f"comm P={size}", disable=not rank_zero()):
-        call, x = _operands(kind, nbytes, size)
+    operands = [_operands(kind, nbytes, size) for kind, nbytes in cases]
+    batches = []
+    for call, x in output.progress(operands, f"comm P={size} warm-up", disable=not rank_zero()):
         start = time.perf_counter()
         for _ in range(warmup):
             call(x)
@@ -145,17 +201,21 @@ def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters
         # ranks (rank 0's), so that every rank runs the same number of calls.
         each = (time.perf_counter() - start) / max(warmup, 1)
         batch = torch.tensor([max(1, min(200, round(BATCH_TARGET_S / max(each, 1e-6))))], device=device())
-        batch = int(collectives.broadcast(batch, src=0)) if size > 1 else int(batch)
-        samples = []
-        for _ in range(iters):
+        batches.append(int(collectives.broadcast(batch, src=0)) if size > 1 else int(batch))
+    # Rounds of one batch per case, in a fresh order each round (the same on every rank): a slow spell
+    # of a shared machine then lands on cases at random, not on neighbouring sizes of one collective.
+    order = np.random.default_rng(0)
+    samples = [[] for _ in cases]
+    for _ in output.progress(range(iters), f"comm P={size} rounds", disable=not rank_zero()):
+        for index in order.permutation(len(cases)):
+            (call, x), batch = operands[index], batches[index]
             barrier()
             start = time.perf_counter()
             for _ in range(batch):
                 call(x)
             synchronize()
-            samples.append((time.perf_counter() - start) / batch)
-        result[(kind, nbytes)] = samples
-    return {"rank": rank, "samples": result}
+            samples[index].append((time.perf_counter() - start) / batch)
+    return {"rank": rank, "samples": dict(zip(cases, samples, strict=True))}
 
 
 def sweep(nproc: Sequence[int], kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters: int) -> list[dict]:
@@ -165,26 +225,39 @@ def sweep(nproc: Sequence[int], kinds: Sequence[str], sizes: Sequence[int], warm
         ranks = run_ranks(size, _sweep_worker, kinds, sizes, warmup, iters)
         for kind in kinds:
             for nbytes in sizes:
-                # The slowest rank's median: a collective is done when its last rank is.
-                worst = max((r["samples"][(kind, nbytes)] for r in ranks), key=statistics.median)
+                # The slowest rank's: a collective is done when its last rank is.
+                worst = max((r["samples"][(kind, nbytes)] for r in ranks), key=statistics.fmean)
                 actual = max(1, nbytes // (4 * size)) * 4 * size
                 rows.append({"kind": kind, "ranks": size, "bytes": actual, "seconds": spread(worst)})
     return rows
 
 
-def fits_from_sweep(rows: Sequence[dict]) -> tuple[dict, dict]:
-    """Per collective, the fit over all P and the fit per P, each with its largest relative error."""
-    overall, per_ranks = {}, {}
-    for kind in sorted({r["kind"] for r in rows}):
-        points = [(r["ranks"], r["bytes"], r["seconds"]["median"]) for r in rows if r["kind"] == kind]
-        fit = fit_alpha_beta(kind, points)
-        overall[kind] = _accuracy(fit, kind, points)
-        per_ranks[kind] = {}
-        for size in sorted({p for p, _, _ in points}):
-            mine = [pt for pt in points if pt[0] == size]
-            f = fit_alpha_beta(kind, mine)
-            per_ranks[kind][size] = _accuracy(f, kind, mine)
-    return overall, per_ranks
+def fits_from_sweep(rows: Sequence[dict]) -> dict:
+    """The model of this machine from the sweep's mean seconds: the threshold S (``choose_threshold``),
+    then per collective the fit per P and the fit over all P, and the per-P fits' accuracy without S."""
+    threshold = choose_threshold(rows)
+    points = _points(rows)
+    per_ranks, overall, plain = {}, {}, []
+    for kind in sorted({k for k, _ in points}):
+        mine = {size: pts for (k, size), pts in points.items() if k == kind}
+        per_ranks[kind] = {
+            size: _accuracy(fit_alpha_beta(kind, pts, threshold), kind, pts) for size, pts in mine.items()
+        }
+        every = [pt for pts in mine.values() for pt in pts]
+        overall[kind] = _accuracy(fit_alpha_beta(kind, every, threshold), kind, every)
+        for pts in mine.values():
+            plain += rel_errors(fit_alpha_beta(kind, pts), kind, pts)
+    without = {"within_25_percent": sum(e <= 0.25 for e in plain), "points": len(plain), "max_rel_error": max(plain)}
+    return {"threshold_bytes": threshold, "fits": overall, "fits_per_ranks": per_ranks, "without_threshold": without}
+
+
+def model_for(model: dict, kind: str, size: int) -> Fit | None:
+    """The fitted ``Fit`` of ``kind`` at ``size`` ranks: the per-P fit where the sweep measured that P,
+    else the fit over all P; None when the sweep did not measure ``kind``."""
+    if kind not in model["fits"]:
+        return None
+    fields = model["fits_per_ranks"][kind].get(size, model["fits"][kind])
+    return Fit(fields["alpha_s"], fields["beta_s_per_byte"], fields["gamma_s"], fields["threshold_bytes"])
 
 
 def _fno_worker(shape: tuple, modes: tuple, width: int, methods: Sequence[str], warmup: int, iters: int) -> list:
@@ -209,20 +282,20 @@ def _fno_worker(shape: tuple, modes: tuple, width: int, methods: Sequence[str], 
 
 
 def fno_collectives(
-    shape: tuple, modes: tuple, width: int, methods: Sequence[str], size: int, warmup: int, iters: int, fits: dict
+    shape: tuple, modes: tuple, width: int, methods: Sequence[str], size: int, warmup: int, iters: int, model: dict
 ) -> list[dict]:
     """The paper's Table I: per method and collective kind, one FNO forward's calls, payload bytes,
-    measured seconds (slowest rank) and the fitted model's seconds."""
+    measured seconds (the slowest rank's, which include waiting for the others to arrive, and the sum over
+    calls of the last rank to arrive's) and the fitted model's seconds (``model_for``)."""
     ranks = run_ranks(size, _fno_worker, shape, modes, width, list(methods), warmup, iters)
     rows = []
     for index, method in enumerate(methods):
         for kind in sorted({c[0] for c in ranks[0][index]}):
             mine = [[c for c in r[index] if c[0] == kind] for r in ranks]
-            model = None
-            if kind in fits:
-                fit = Fit(fits[kind]["alpha_s"], fits[kind]["beta_s_per_byte"])
+            fit, modelled = model_for(model, kind, size), None
+            if fit is not None:
                 # all-gather's payload is its input; the model's n is the gathered vector.
-                model = sum(fit.predict(kind, g, b * g if kind == "all_gather" else b) for _, b, g, _ in mine[0])
+                modelled = sum(fit.predict(kind, g, b * g if kind == "all_gather" else b) for _, b, g, _ in mine[0])
             rows.append(
                 {
                     "method": method,
@@ -232,7 +305,9 @@ def fno_collectives(
                     "calls": len(mine[0]),
                     "bytes": sum(c[1] for c in mine[0]),
                     "measured_s": max(sum(c[3] for c in r) for r in mine),
-                    "model_s": model,
+                    # Each call's last rank to arrive waits for no one: its time is the transfer alone.
+                    "last_arrival_s": sum(min(r[j][3] for r in mine) for j in range(len(mine[0]))),
+                    "model_s": modelled,
                 }
             )
     return rows
@@ -330,42 +405,29 @@ def run(args: argparse.Namespace) -> int:
     multi = [p for p in args.nproc if p > 1]
     print(f"collective sweep: P = {multi}, {len(sizes)} sizes, {args.warmup} warm-up + {args.iters} batches")
     rows = sweep(multi, args.kinds, sizes, args.warmup, args.iters) if multi else []
-    fits, per_ranks = fits_from_sweep(rows) if rows else ({}, {})
-    fit_rows = []
-    for kind, f in fits.items():
-        per = [per_ranks[kind][p] for p in sorted(per_ranks[kind])]
-        inside = f"{sum(q['within_25_percent'] for q in per)}/{sum(q['points'] for q in per)}"
-        fit_rows.append(
-            [
-                kind,
-                f["alpha_s"] * 1e6,
-                _gbps(f["beta_s_per_byte"]),
-                f["max_rel_error"],
-                max(q["max_rel_error"] for q in per),
-                statistics.median(q["median_rel_error"] for q in per),
-                inside,
-            ]
-        )
-    fit_header = [
-        "collective",
-        "alpha us",
-        "1/beta GB/s",
-        "max rel err (one fit)",
-        "max rel err (per P)",
-        "median rel err (per P)",
-        "points within 25% (per P)",
-    ]
-    print(output.table(fit_rows, fit_header))
+    model = fits_from_sweep(rows) if rows else None
+    fit_rows, fit_header = _fit_table(model) if model else ([], [])
+    if model:
+        print(output.table(fit_rows, fit_header))
+        print(_summary(model))
     fno = []
-    if args.fno_ranks > 1 and fits:
+    if args.fno_ranks > 1 and model:
         fno = fno_collectives(
-            tuple(args.fno_shape), tuple(args.modes), args.width, args.methods, args.fno_ranks, 1, args.fno_iters, fits
+            tuple(args.fno_shape), tuple(args.modes), args.width, args.methods, args.fno_ranks, 1, args.fno_iters, model
         )
         fno_rows = [
-            [r["method"], r["kind"], r["calls"], r["bytes"] / 1e6, r["measured_s"] * 1e3, _ms(r["model_s"])]
+            [
+                r["method"],
+                r["kind"],
+                r["calls"],
+                r["bytes"] / 1e6,
+                r["measured_s"] * 1e3,
+                r["last_arrival_s"] * 1e3,
+                _ms(r["model_s"]),
+            ]
             for r in fno
         ]
-        fno_header = ["method", "collective", "calls", "MB", "measured ms", "model ms"]
+        fno_header = ["method", "collective", "calls", "MB", "slowest rank ms", "last to arrive ms", "model ms"]
         print(f"collectives of one FNO forward, {'x'.join(map(str, args.fno_shape))}, P = {args.fno_ranks}")
         print(output.table(fno_rows, fno_header))
     cluster = args.cluster
@@ -391,33 +453,77 @@ def run(args: argparse.Namespace) -> int:
         "comm",
         config,
         sweep=rows,
-        fits=fits,
-        fits_per_ranks=per_ranks,
+        **(model or {}),
         fno=fno,
         cluster=asdict(cluster),
         projection=projection,
     )
-    md = [output.markdown(fit_rows, fit_header), output.markdown(proj_rows, proj_header)]
+    md = [output.markdown(proj_rows, proj_header)]
     if fno:
-        md.insert(1, output.markdown(fno_rows, fno_header))
-    if rows:
-        md.insert(1, output.markdown(*_points_table(rows, fits)))
+        md.insert(0, output.markdown(fno_rows, fno_header))
+    if model:
+        md[:0] = [output.markdown(fit_rows, fit_header), _summary(model), output.markdown(*_points_table(rows, model))]
     (args.out / "comm.md").write_text("\n\n".join(md) + "\n")
-    plots.comm(rows, fits, args.out / "comm_fit.png")
+    if model:
+        plots.comm(rows, model, args.out / "comm_fit.png")
     plots.projection(projection, cluster.name, args.out / "projection.png")
     print(f"wrote {path} and plots in {args.out}")
     return 0
 
 
-def _points_table(rows: Sequence[dict], fits: dict) -> tuple[list[list], list[str]]:
-    """Every measured point against the one-fit model: kind, P, KiB, measured and model us, error."""
+def _fit_table(model: dict) -> tuple[list[list], list[str]]:
+    """One row per collective and P: the fitted coefficients and how well they predict the sweep."""
+    table = []
+    for kind, per in model["fits_per_ranks"].items():
+        for size, f in per.items():
+            table.append(
+                [
+                    kind,
+                    size,
+                    f["alpha_s"] * 1e6,
+                    _gbps(f["beta_s_per_byte"]),
+                    f["gamma_s"] * 1e6,
+                    f["max_rel_error"],
+                    f["median_rel_error"],
+                    f"{f['within_25_percent']}/{f['points']}",
+                ]
+            )
+    header = ["collective", "P", "alpha us", "1/beta GB/s", "gamma us", "max rel err", "median rel err", "within 25%"]
+    return table, header
+
+
+def _summary(model: dict) -> str:
+    """One line: the threshold, the per-P fits' points within 25%, with and without it, and the one fit over P."""
+    per = [f for fits in model["fits_per_ranks"].values() for f in fits.values()]
+    inside, points = sum(f["within_25_percent"] for f in per), sum(f["points"] for f in per)
+    s = model["threshold_bytes"]
+    without = model["without_threshold"]
+    one = max(f["max_rel_error"] for f in model["fits"].values())
+    return (
+        f"threshold S = {'none' if s is None else f'{s // 1024} KiB'}: {inside}/{points} points within 25% "
+        f"(alpha-beta alone: {without['within_25_percent']}/{without['points']}, max rel err "
+        f"{without['max_rel_error']:.2f}); one fit over every P: max rel err {one:.2f}"
+    )
+
+
+def _points_table(rows: Sequence[dict], model: dict) -> tuple[list[list], list[str]]:
+    """Every measured point against its per-P model: kind, P, KiB, mean, median and model us, error."""
     table = []
     for r in rows:
-        f = fits[r["kind"]]
-        model = Fit(f["alpha_s"], f["beta_s_per_byte"]).predict(r["kind"], r["ranks"], r["bytes"])
-        measured = r["seconds"]["median"]
-        table.append([r["kind"], r["ranks"], r["bytes"] // 1024, measured * 1e6, model * 1e6, model / measured - 1])
-    return table, ["collective", "P", "KiB", "measured us", "model us", "model / measured - 1"]
+        modelled = model_for(model, r["kind"], r["ranks"]).predict(r["kind"], r["ranks"], r["bytes"])
+        mean = r["seconds"]["mean"]
+        table.append(
+            [
+                r["kind"],
+                r["ranks"],
+                r["bytes"] // 1024,
+                mean * 1e6,
+                r["seconds"]["median"] * 1e6,
+                modelled * 1e6,
+                modelled / mean - 1,
+            ]
+        )
+    return table, ["collective", "P", "KiB", "mean us", "median us", "model us", "model / mean - 1"]
 
 
 def _gbps(beta: float) -> float | None:
@@ -441,7 +547,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--warmup", type=positive_int, default=3)
-    parser.add_argument("--iters", type=positive_int, default=20, help="timed batches per point")
+    parser.add_argument("--iters", type=positive_int, default=40, help="rounds: timed batches per point")
     parser.add_argument("--fno-shape", type=shape_arg, default=(32, 32, 32, 30), help="grid of the FNO table")
     parser.add_argument("--fno-ranks", type=positive_int, default=4, help="ranks of the FNO table (1: skip it)")
     parser.add_argument("--fno-iters", type=positive_int, default=3)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 
 def _pyplot():
     import matplotlib
@@ -22,20 +24,26 @@ def _save(fig, path: Path) -> None:
     fig.clf()
 
 
-def comm(rows: Sequence[dict], fits: dict, path: Path) -> None:
-    """Measured seconds per call against message size, per collective and P, with the fitted model."""
-    from drift.bench.comm import Fit
+def comm(rows: Sequence[dict], model: dict, path: Path) -> None:
+    """Mean seconds per call against message size, per collective and P (quartiles as bars), with the
+    fitted model of each P (``drift.bench.comm.fits_from_sweep``)."""
+    from drift.bench.comm import model_for
 
     plt = _pyplot()
     kinds = sorted({r["kind"] for r in rows})
     fig, axes = plt.subplots(1, max(1, len(kinds)), figsize=(4 * max(1, len(kinds)), 3.4), squeeze=False)
     for ax, kind in zip(axes[0], kinds, strict=False):
-        fit = Fit(fits[kind]["alpha_s"], fits[kind]["beta_s_per_byte"])
         for size in sorted({r["ranks"] for r in rows if r["kind"] == kind}):
+            fit = model_for(model, kind, size)
             mine = sorted((r for r in rows if r["kind"] == kind and r["ranks"] == size), key=lambda r: r["bytes"])
             n = [r["bytes"] for r in mine]
-            (line,) = ax.loglog(n, [r["seconds"]["median"] for r in mine], "o", label=f"P={size}")
-            ax.loglog(n, [fit.predict(kind, size, b) for b in n], "-", color=line.get_color(), alpha=0.6)
+            mean = [r["seconds"]["mean"] for r in mine]
+            bars = [[m - r["seconds"]["q1"] for m, r in zip(mean, mine, strict=True)]]
+            bars.append([r["seconds"]["q3"] - m for m, r in zip(mean, mine, strict=True)])
+            line = ax.errorbar(n, mean, yerr=np.clip(bars, 0, None), fmt="o", capsize=2, label=f"P={size}")[0]
+            ax.plot(n, [fit.predict(kind, size, b) for b in n], "-", color=line.get_color(), alpha=0.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.set_title(kind)
         ax.set_xlabel("message bytes")
         ax.set_ylabel("seconds per call")

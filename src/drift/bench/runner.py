@@ -213,10 +213,11 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def spread(samples: list[float]) -> dict[str, float]:
-    """Median, quartiles, min and max of ``samples`` (seconds)."""
+    """Median, quartiles, min, max and mean of ``samples`` (seconds)."""
     q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else samples * 3
     return {
         "median": statistics.median(samples),
+        "mean": statistics.fmean(samples),
         "q1": q[0],
         "q3": q[2],
         "min": min(samples),
