@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 import numpy as np
 import pytest
 import torch
 
+from drift import launch
 from drift.bench import capacity, cli, comm
-from drift.bench.runner import MemoryCapExceeded, RankError, run_ranks
+from drift.bench.runner import MemoryCapExceeded, RankError, rank_threads, run_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -134,6 +136,24 @@ def _allocate(gigabytes: float):
     import torch
 
     return torch.ones(int(gigabytes * 1e9 / 4)).sum().item()
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def test_threads_option_reaches_both_launchers(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        with rank_threads(1):
+            assert run_ranks(1, _threads, timeout_s=60) == [1]
+            with launch.process_group("cpu"):  # drift train's ranks (here one, in this process)
+                assert torch.get_num_threads() == 1
+        assert "OMP_NUM_THREADS" not in os.environ
+        assert run_ranks(1, _threads, timeout_s=60) == [launch.cores()]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_runner_failures_are_errors_not_hangs():

@@ -32,18 +32,29 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+def cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_rank(local_ranks: int) -> int:
+    """Threads for each of ``local_ranks`` ranks on this machine: ``OMP_NUM_THREADS`` when it is set
+    (to one number), else the cores shared among the ranks."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return max(1, cores() // local_ranks)
+
+
 @contextlib.contextmanager
 def process_group(device: str = "cpu") -> Iterator[torch.device]:
     """Inside the block this process is in the group the environment describes (if any: alone
     otherwise); yields this rank's device and leaves the group at the end.
 
-    Sets the thread count to this machine's cores shared among the local ranks, unless
-    ``OMP_NUM_THREADS`` says otherwise.
+    Sets this process's thread count to ``threads_per_rank(local ranks)``.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_size))
+    torch.set_num_threads(threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     if device == "cuda":
         if not torch.cuda.is_available():
             raise PlanError("--device cuda: no CUDA device is available")

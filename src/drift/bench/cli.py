@@ -15,7 +15,7 @@ import torch
 
 from drift.bench import capacity, comm, modes, phases, scaling, training
 from drift.bench.output import positive_int
-from drift.bench.runner import DEVICE_ENV, threads_per_rank
+from drift.bench.runner import DEVICE_ENV, rank_threads
 
 SUBCOMMANDS = {
     "scaling": (scaling, "strong and weak scaling of one FNO block, forward and backward, per method"),
@@ -59,7 +59,7 @@ def _run_with_options(run, args: argparse.Namespace) -> int:
         return 2
     if hasattr(args, "device"):
         os.environ[DEVICE_ENV] = where
-    with threads_per_rank(args.threads):
+    with rank_threads(args.threads):
         return run(args)
 
 

@@ -2,8 +2,8 @@
 
 ``run_ranks(P, fn, *args)`` starts P fresh processes (spawn), joins them into a Gloo process group (NCCL
 with one GPU per rank when ``DRIFT_BENCH_DEVICE=cuda``; ``device()`` is the rank's device) on a
-free port whose collectives time out after ``group_timeout_s``, gives each ``max(1, cores // P)``
-threads (``threads_per_rank`` overrides that), calls ``fn(*args)`` on every rank and returns the
+free port whose collectives time out after ``group_timeout_s``, gives each ``OMP_NUM_THREADS`` or
+``max(1, cores // P)`` threads (``rank_threads`` sets the former), calls ``fn(*args)`` on every rank and returns the
 per-rank results in rank order. Any failure is a ``RankError`` and never a hang: an exception or a death
 on one rank ends the others (torch's process context terminates them), a run longer than ``timeout_s``
 is killed, and with ``memory_cap_gb`` the summed resident memory of the ranks is polled and the ranks
@@ -35,6 +35,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
+from drift import launch
+
 
 class RankError(RuntimeError):
     """A rank raised, died or ran past the timeout."""
@@ -44,15 +46,10 @@ class MemoryCapExceeded(RankError):
     """The ranks together used more resident memory than the cap."""
 
 
-def cores() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def machine() -> dict[str, Any]:
     """What the JSON files record about the machine: cores, memory (GB), torch version, host."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    return {"cores": cores(), "memory_gb": round(memory, 2), "torch": torch.__version__, "host": platform.node()}
+    return {"cores": launch.cores(), "memory_gb": round(memory, 2), "torch": torch.__version__, "host": platform.node()}
 
 
 def available_gb() -> float:
@@ -133,22 +130,24 @@ def _entry(rank: int, size: int, port: int, threads: int, group_timeout_s: float
         dist.destroy_process_group()
 
 
-_threads: list[int] = []
-
-
 @contextlib.contextmanager
-def threads_per_rank(count: int | None) -> Iterator[None]:
-    """Inside the block, ranks started by ``run_ranks`` get ``count`` threads each (None: the default,
-    ``max(1, cores // P)``). On a loaded machine one thread per rank avoids stalls of multi-threaded
-    gemms whose threads get descheduled."""
+def rank_threads(count: int | None) -> Iterator[None]:
+    """Inside the block, ranks started by ``run_ranks`` (and by ``drift.launch``) get ``count`` threads
+    each, through ``OMP_NUM_THREADS`` (None: leave it; unset, each rank gets ``max(1, cores // P)``). On
+    a loaded machine one thread per rank avoids stalls of multi-threaded gemms whose threads get
+    descheduled."""
     if count is None:
         yield
         return
-    _threads.append(count)
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(count)
     try:
         yield
     finally:
-        _threads.pop()
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
 
 
 def run_ranks(
@@ -166,7 +165,7 @@ def run_ranks(
     run exceeds ``timeout_s`` seconds, ``MemoryCapExceeded`` when the ranks' summed resident memory
     exceeds ``memory_cap_gb`` (polled every 50 ms, private memory: see ``peak_private_gb``).
     """
-    threads = threads or (_threads[-1] if _threads else max(1, cores() // size))
+    threads = threads or launch.threads_per_rank(size)
     with tempfile.TemporaryDirectory(prefix="drift-bench-") as tmp:
         entry_args = (size, free_port(), threads, group_timeout_s, tmp, fn, args)
         ctx = mp.start_processes(_entry, args=entry_args, nprocs=size, join=False, start_method="spawn")
