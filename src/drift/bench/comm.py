@@ -76,7 +76,7 @@ class Fit:
 
     alpha: seconds per latency step; beta: seconds per byte sent; gamma: extra seconds per step whose
     message (``n / P`` bytes, to one peer) exceeds ``threshold_bytes`` S, as in LogGPS's synchronisation
-    threshold (on loopback TCP a message longer than one 64 KiB segment costs each side another wake-up).
+    threshold (on this machine's loopback TCP, messages above 64 KiB cost each step about one more wake-up).
     ``threshold_bytes=None``: the plain alpha-beta model.
     """
 
