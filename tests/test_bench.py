@@ -15,7 +15,7 @@ import torch
 
 from drift import launch
 from drift.bench import capacity, cli, comm
-from drift.bench.runner import MemoryCapExceeded, RankError, rank_threads, run_ranks
+from drift.bench.runner import DEVICE_ENV, MemoryCapExceeded, RankError, rank_threads, run_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -272,9 +272,26 @@ def test_bad_options_are_one_line_errors(capsys):
     assert "modes (8, 8, 8, 16) on grid 8x8x8x6" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
-def test_cuda_without_a_gpu_is_a_one_line_error(capsys):
-    assert cli.main(["modes", "--device", "cuda"]) == 2
-    assert capsys.readouterr().err.strip() == "drift bench: error: --device cuda: no CUDA device is available"
+def test_cuda_needs_one_gpu_per_rank_before_any_rank_starts(monkeypatch, capsys):
+    from drift.errors import PlanError
+    from drift.train import ConfigError, TrainConfig, check_config
+
+    for gpus in (0, 1):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        assert cli.main(["comm", "--device", "cuda", "--nproc", "2", "--fno-ranks", "1"]) == 2
+        error = f"drift bench: error: --device cuda: 2 ranks need 2 GPUs (one each), found {gpus}"
+        assert capsys.readouterr().err.strip() == error
+        with monkeypatch.context() as env:
+            env.setenv(DEVICE_ENV, "cuda")
+            with pytest.raises(RankError, match=f"2 ranks on CUDA need 2 GPUs .*, found {gpus}"):
+                run_ranks(2, _threads)
+            env.setenv("LOCAL_WORLD_SIZE", "2")
+            with (
+                pytest.raises(PlanError, match=f"2 ranks on this machine need 2 GPUs, found {gpus}"),
+                launch.process_group("cuda"),
+            ):
+                pass
+        with pytest.raises(ConfigError, match=f"--device cuda: 2 ranks on this machine need 2 GPUs .*found {gpus}"):
+            check_config(TrainConfig(device="cuda"), 2)
     with pytest.raises(SystemExit):
         cli.main(["capacity", "--device", "cuda"])  # capacity caps host memory: no --device

@@ -54,11 +54,14 @@ def process_group(device: str = "cpu") -> Iterator[torch.device]:
     Sets this process's thread count to ``threads_per_rank(local ranks)``.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.set_num_threads(threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(threads_per_rank(local_size))
     if device == "cuda":
-        if not torch.cuda.is_available():
-            raise PlanError("--device cuda: no CUDA device is available")
-        where = torch.device("cuda", local_rank % torch.cuda.device_count())
+        gpus = torch.cuda.device_count()
+        if gpus < local_size:
+            # NCCL refuses two ranks on one GPU: say so before joining the group.
+            raise PlanError(f"--device cuda: {local_size} ranks on this machine need {local_size} GPUs, found {gpus}")
+        where = torch.device("cuda", local_rank)
         torch.cuda.set_device(where)
     else:
         where = torch.device("cpu")

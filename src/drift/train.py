@@ -105,8 +105,13 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {config.method!r}")
     if config.device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
-    if config.device == "cuda" and torch.cuda.device_count() < 1:
-        raise ConfigError("--device cuda: no CUDA device is available")
+    if config.device == "cuda":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if torch.cuda.device_count() < local:
+            raise ConfigError(
+                f"--device cuda: {local} ranks on this machine need {local} GPUs (one each), "
+                f"found {torch.cuda.device_count()}"
+            )
     if config.resume:
         resume_point(config)
     if config.data is None:

@@ -54,13 +54,23 @@ def _run_with_options(run, args: argparse.Namespace) -> int:
     """Run a subcommand with ``--threads`` per rank and its ranks on ``--device`` (read by the ranks
     from ``runner.DEVICE_ENV``)."""
     where = getattr(args, "device", "cpu")
-    if where == "cuda" and not torch.cuda.is_available():
-        print("drift bench: error: --device cuda: no CUDA device is available", file=sys.stderr)
+    if where == "cuda" and torch.cuda.device_count() < _ranks_needed(args):
+        needed, gpus = _ranks_needed(args), torch.cuda.device_count()
+        print(
+            f"drift bench: error: --device cuda: {needed} ranks need {needed} GPUs (one each), found {gpus}",
+            file=sys.stderr,
+        )
         return 2
     if hasattr(args, "device"):
         os.environ[DEVICE_ENV] = where
     with rank_threads(args.threads):
         return run(args)
+
+
+def _ranks_needed(args: argparse.Namespace) -> int:
+    """The most ranks any run of the subcommand starts (``--nproc``, and ``comm``'s ``--fno-ranks``)."""
+    nproc = getattr(args, "nproc", 1)
+    return max([*(nproc if isinstance(nproc, list) else [nproc]), getattr(args, "fno_ranks", 1)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,11 +96,11 @@ DEVICE_ENV = "DRIFT_BENCH_DEVICE"
 
 
 def device() -> torch.device:
-    """This rank's device: the CPU, or with ``DRIFT_BENCH_DEVICE=cuda`` GPU ``rank % GPUs``."""
+    """This rank's device: the CPU, or with ``DRIFT_BENCH_DEVICE=cuda`` GPU ``rank`` (``run_ranks`` checks
+    that there is one per rank)."""
     if os.environ.get(DEVICE_ENV, "cpu") != "cuda":
         return torch.device("cpu")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cuda", dist.get_rank() if dist.is_initialized() else 0)
 
 
 def synchronize() -> None:
@@ -114,7 +114,7 @@ def _entry(rank: int, size: int, port: int, threads: int, group_timeout_s: float
     torch.set_num_threads(threads)
     cuda = os.environ.get(DEVICE_ENV, "cpu") == "cuda"
     if cuda:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device(rank)
     # Even one rank joins a group, so that barriers and drift.comm behave the same at every P.
     timeout = datetime.timedelta(seconds=group_timeout_s)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=size, timeout=timeout)
@@ -165,6 +165,9 @@ def run_ranks(
     run exceeds ``timeout_s`` seconds, ``MemoryCapExceeded`` when the ranks' summed resident memory
     exceeds ``memory_cap_gb`` (polled every 50 ms, private memory: see ``peak_private_gb``).
     """
+    gpus = torch.cuda.device_count()
+    if os.environ.get(DEVICE_ENV, "cpu") == "cuda" and size > gpus:
+        raise RankError(f"{size} ranks on CUDA need {size} GPUs (one each, for NCCL), found {gpus}")
     threads = threads or launch.threads_per_rank(size)
     with tempfile.TemporaryDirectory(prefix="drift-bench-") as tmp:
         entry_args = (size, free_port(), threads, group_timeout_s, tmp, fn, args)
