@@ -46,7 +46,8 @@ def test_fit_recovers_the_threshold_model():
         for p in (2, 4):
             fit = comm.model_for(model, kind, p)
             assert (fit.alpha_s, fit.beta_s_per_byte, fit.gamma_s) == pytest.approx((3e-5, 2e-10, 1e-4), rel=1e-8)
-            assert model["fits_per_ranks"][kind][p]["within_25_percent"] == len(sizes)
+            assert model["fits_per_ranks"][kind][str(p)]["within_25_percent"] == len(sizes)
+            assert comm.model_for(json.loads(json.dumps(model)), kind, p) == fit  # the JSON gives the same model
         assert model["fits"][kind]["max_rel_error"] < 1e-8  # the same machine at every P: one fit holds
     unmeasured = comm.model_for(model, "all_reduce", 8)  # P = 8 was not swept: the fit over all P
     assert unmeasured.alpha_s == model["fits"]["all_reduce"]["alpha_s"]

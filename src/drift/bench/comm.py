@@ -22,7 +22,7 @@
 
 JSON (``comm.json``), besides the common envelope (``drift.bench.output``):
 ``sweep``: rows ``{kind, ranks, bytes, seconds: {mean, median, q1, q3, min, max, n}}`` (slowest rank,
-over batches); ``threshold_bytes``: S or null; ``fits_per_ranks``: ``{kind: {P: {alpha_s,
+over batches); ``threshold_bytes``: S or null; ``fits_per_ranks``: ``{kind: {"P": {alpha_s,
 beta_s_per_byte, gamma_s, threshold_bytes, max_rel_error, median_rel_error, within_25_percent,
 points}}}``; ``fits``: ``{kind: {...}}`` (one fit over all P); ``without_threshold``:
 ``{within_25_percent, points, max_rel_error}`` of the per-P plain alpha-beta fits; ``fno``: rows
@@ -234,14 +234,15 @@ def sweep(nproc: Sequence[int], kinds: Sequence[str], sizes: Sequence[int], warm
 
 def fits_from_sweep(rows: Sequence[dict]) -> dict:
     """The model of this machine from the sweep's mean seconds: the threshold S (``choose_threshold``),
-    then per collective the fit per P and the fit over all P, and the per-P fits' accuracy without S."""
+    then per collective the fit per P (keyed by ``str(P)``, as in the JSON) and the fit over all P, and
+    the per-P fits' accuracy without S."""
     threshold = choose_threshold(rows)
     points = _points(rows)
     per_ranks, overall, plain = {}, {}, []
     for kind in sorted({k for k, _ in points}):
         mine = {size: pts for (k, size), pts in points.items() if k == kind}
         per_ranks[kind] = {
-            size: _accuracy(fit_alpha_beta(kind, pts, threshold), kind, pts) for size, pts in mine.items()
+            str(size): _accuracy(fit_alpha_beta(kind, pts, threshold), kind, pts) for size, pts in mine.items()
         }
         every = [pt for pts in mine.values() for pt in pts]
         overall[kind] = _accuracy(fit_alpha_beta(kind, every, threshold), kind, every)
@@ -256,7 +257,7 @@ def model_for(model: dict, kind: str, size: int) -> Fit | None:
     else the fit over all P; None when the sweep did not measure ``kind``."""
     if kind not in model["fits"]:
         return None
-    fields = model["fits_per_ranks"][kind].get(size, model["fits"][kind])
+    fields = model["fits_per_ranks"][kind].get(str(size), model["fits"][kind])
     return Fit(fields["alpha_s"], fields["beta_s_per_byte"], fields["gamma_s"], fields["threshold_bytes"])
 
 
