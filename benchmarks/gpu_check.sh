@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # drift on a CUDA machine, in one go (under 9 minutes; far less on one H200): the test suite on CUDA
 # ranks, then single-GPU benchmarks and a short training run. Needs python3 with torch (CUDA), numpy,
-# h5py, tqdm, matplotlib and pytest; drift runs from this checkout (no install).
+# h5py, tqdm, matplotlib, pytest and scipy (what `pip install -e '.[test]'` brings, neuraloperator
+# optional); drift runs from this checkout (no install).
 #
 #   bash benchmarks/gpu_check.sh [OUT]      # OUT: where the logs and results.tgz go (default results/gpu)
 #
@@ -9,9 +10,8 @@
 # the default suite runs them on CPU ranks. DRIFT_CHECK_DEVICE=cpu runs the same steps on CPU ranks
 # (a rehearsal of the script on a machine without a GPU).
 set -uo pipefail
+out=$(realpath -m "${1:-results/gpu}")  # before the cd: relative to where it is called from
 cd "$(dirname "$0")/.."
-out=$(realpath -m "${1:-results/gpu}")
-mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 device=${DRIFT_CHECK_DEVICE:-cuda}
 if [ "$device" = cuda ]; then
@@ -19,7 +19,13 @@ if [ "$device" = cuda ]; then
 else
     ranks=2
 fi
+if ! [[ $ranks =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu_check: no CUDA device found (python3 says: ${ranks:-nothing})" >&2
+    exit 2
+fi
+mkdir -p "$out"
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 status=0
 step() {  # step SECONDS NAME COMMAND...: run it, log to $out/NAME.txt, remember a failure
     local limit=$1 name=$2

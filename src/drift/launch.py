@@ -41,7 +41,7 @@ def threads_per_rank(local_ranks: int) -> int:
     """Threads for each of ``local_ranks`` ranks on this machine: ``OMP_NUM_THREADS`` when it is set
     (to one number), else the cores shared among the ranks."""
     value = os.environ.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
+    if value.isdecimal() and int(value) > 0:
         return int(value)
     return max(1, cores() // local_ranks)
 
@@ -51,20 +51,19 @@ def process_group(device: str = "cpu") -> Iterator[torch.device]:
     """Inside the block this process is in the group the environment describes (if any: alone
     otherwise); yields this rank's device and leaves the group at the end.
 
-    Sets this process's thread count to ``threads_per_rank(local ranks)``.
+    Sets this process's thread count to ``threads_per_rank(local ranks)``. On CUDA, local rank r takes
+    GPU ``r % GPUs``: each rank's own GPU where ranks see all of the machine's, the one GPU it sees where
+    a scheduler shows each rank only its own.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    torch.set_num_threads(threads_per_rank(local_size))
     if device == "cuda":
-        gpus = torch.cuda.device_count()
-        if gpus < local_size:
-            # NCCL refuses two ranks on one GPU: say so before joining the group.
-            raise PlanError(f"--device cuda: {local_size} ranks on this machine need {local_size} GPUs, found {gpus}")
-        where = torch.device("cuda", local_rank)
+        if torch.cuda.device_count() < 1:
+            raise PlanError("--device cuda: no CUDA device is available")
+        where = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(where)
     else:
         where = torch.device("cpu")
+    torch.set_num_threads(threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     if launched() and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=TIMEOUT)
     try:

@@ -32,7 +32,7 @@ from drift._plan import resolve_device
 from drift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
 from drift.decomposition import check_grid
-from drift.launch import process_group
+from drift.launch import launched, process_group
 from drift.nn import FNO, METHODS
 from drift.truncated import mode_lists
 
@@ -105,13 +105,13 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {config.method!r}")
     if config.device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
-    if config.device == "cuda":
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        if torch.cuda.device_count() < local:
-            raise ConfigError(
-                f"--device cuda: {local} ranks on this machine need {local} GPUs (one each), "
-                f"found {torch.cuda.device_count()}"
-            )
+    gpus = torch.cuda.device_count()
+    if config.device == "cuda" and gpus < 1:
+        raise ConfigError("--device cuda: no CUDA device is available")
+    # Ranks this command starts itself see every GPU and need one each (NCCL); under torchrun or a
+    # scheduler the launcher has placed them.
+    if config.device == "cuda" and not launched() and gpus < world_size:
+        raise ConfigError(f"--device cuda: {world_size} ranks on this machine need {world_size} GPUs, found {gpus}")
     if config.resume:
         resume_point(config)
     if config.data is None:

@@ -15,7 +15,7 @@ import torch
 
 from drift.bench import capacity, comm, modes, phases, scaling, training
 from drift.bench.output import positive_int
-from drift.bench.runner import DEVICE_ENV, rank_threads
+from drift.bench.runner import DEVICE_ENV, set_rank_threads
 
 SUBCOMMANDS = {
     "scaling": (scaling, "strong and weak scaling of one FNO block, forward and backward, per method"),
@@ -39,7 +39,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=text, description=module.__doc__.split("\n\n")[0].replace("``", ""))
         module.add_arguments(parser)
         parser.add_argument(
-            "--threads", type=positive_int, help="threads per rank (default: cores // P; 1 on a loaded machine)"
+            "--threads",
+            type=positive_int,
+            help="threads per rank (default: OMP_NUM_THREADS, else cores // P; 1 on a loaded machine)",
         )
         if name not in ("train", "capacity"):  # train has its own --device; capacity caps host memory
             parser.add_argument(
@@ -63,14 +65,17 @@ def _run_with_options(run, args: argparse.Namespace) -> int:
         return 2
     if hasattr(args, "device"):
         os.environ[DEVICE_ENV] = where
-    with rank_threads(args.threads):
+    with set_rank_threads(args.threads):
         return run(args)
 
 
 def _ranks_needed(args: argparse.Namespace) -> int:
-    """The most ranks any run of the subcommand starts (``--nproc``, and ``comm``'s ``--fno-ranks``)."""
+    """The most ranks any run of the subcommand starts: ``--nproc``, and ``comm``'s ``--fno-ranks`` when
+    its sweep runs (some P > 1), since the FNO table needs the sweep's model."""
     nproc = getattr(args, "nproc", 1)
-    return max([*(nproc if isinstance(nproc, list) else [nproc]), getattr(args, "fno_ranks", 1)])
+    counts = nproc if isinstance(nproc, list) else [nproc]
+    fno = getattr(args, "fno_ranks", 1)
+    return max([*counts, fno]) if fno > 1 and max(counts) > 1 else max(counts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,7 +76,7 @@ class Fit:
 
     alpha: seconds per latency step; beta: seconds per byte sent; gamma: extra seconds per step whose
     message (``n / P`` bytes, to one peer) exceeds ``threshold_bytes`` S, as in LogGPS's synchronisation
-    threshold (on this machine's loopback TCP, messages above 64 KiB cost each step about one more wake-up).
+    threshold (on this machine's loopback TCP, the time per step rises between 64 and 128 KiB messages).
     ``threshold_bytes=None``: the plain alpha-beta model.
     """
 
@@ -112,31 +112,34 @@ def non_negative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``argmin ||a x - b||`` over ``x >= 0`` for a few columns. The solution is the unconstrained least
     squares solution on its own support, so the best non-negative one over all supports is it."""
     best, best_residual = np.zeros(a.shape[1]), float(b @ b)
+    tie = 1e-12 * best_residual  # rounding: a larger support must do better by more than this
     for k in range(1, a.shape[1] + 1):
         for support in itertools.combinations(range(a.shape[1]), k):
             x = np.zeros(a.shape[1])
             x[list(support)] = np.linalg.lstsq(a[:, support], b, rcond=None)[0]
             residual = float(np.sum((a @ x - b) ** 2))
-            # A larger support must do strictly better: a coefficient that does not help stays 0.
-            if x.min() >= 0 and residual < best_residual * (1 - 1e-9):
+            if x.min() >= 0 and residual < best_residual - tie:
                 best, best_residual = x, residual
     return best
 
 
 def choose_threshold(rows: Sequence[dict]) -> int | None:
-    """The threshold S of this machine: the power of two from 1 KiB up to the largest message of one step
-    (or none) that gives the per-P fits of every collective the least squared relative error."""
-    largest = max(r["bytes"] / r["ranks"] for r in rows)
-    candidates = [None] + [1 << k for k in range(10, 64) if (1 << k) < largest]
+    """The threshold S of this machine, or None: the choice with the least Bayesian information criterion
+    over the per-P fits of every collective. Candidates: every measured step message but the largest
+    (S splits the messages there); each costs one gamma per fit and S itself, so a threshold is kept only
+    when it explains the times much better than the plain alpha-beta model."""
+    points = _points(rows)
+    count = sum(len(pts) for pts in points.values())
+    messages = sorted({n // p for pts in points.values() for p, n, _ in pts})
 
-    def squared_error(threshold: int | None) -> float:
-        total = 0.0
-        for (kind, _), points in _points(rows).items():
-            fit = fit_alpha_beta(kind, points, threshold)
-            total += sum(e * e for e in rel_errors(fit, kind, points))
-        return total
+    def criterion(threshold: int | None) -> float:
+        squared = 0.0
+        for (kind, _), pts in points.items():
+            squared += sum(e * e for e in rel_errors(fit_alpha_beta(kind, pts, threshold), kind, pts))
+        parameters = 2 * len(points) + (0 if threshold is None else len(points) + 1)
+        return count * math.log(max(squared, 1e-300) / count) + parameters * math.log(count)
 
-    return min(candidates, key=squared_error)
+    return min([None, *messages[:-1]], key=criterion)
 
 
 def _points(rows: Sequence[dict]) -> dict[tuple[str, int], list[tuple[int, float, float]]]:
@@ -152,18 +155,25 @@ def rel_errors(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) 
     return [abs(fit.predict(kind, p, n) - s) / s for p, n, s in points]
 
 
-def max_rel_error(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> float:
-    """The largest |model - measured| / measured over the points."""
-    return max(rel_errors(fit, kind, points))
+def held_out_errors(kind: str, points: Sequence[tuple[int, float, float]], threshold_bytes: int | None) -> list[float]:
+    """Each point's relative error under the model fitted to the other points: how well the model
+    predicts a size it was not fitted to."""
+    rest = [[q for j, q in enumerate(points) if j != i] for i in range(len(points))]
+    return [
+        rel_errors(fit_alpha_beta(kind, r, threshold_bytes), kind, [p])[0] for p, r in zip(points, rest, strict=True)
+    ]
 
 
 def _accuracy(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> dict:
     errors = rel_errors(fit, kind, points)
+    held_out = held_out_errors(kind, points, fit.threshold_bytes) if len(points) > 3 else []
     return {
         **asdict(fit),
         "max_rel_error": max(errors),
         "median_rel_error": statistics.median(errors),
         "within_25_percent": sum(e <= 0.25 for e in errors),
+        "held_out_within_25_percent": sum(e <= 0.25 for e in held_out),
+        "held_out_points": len(held_out),
         "points": len(points),
     }
 
@@ -204,10 +214,10 @@ def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters
         batches.append(int(collectives.broadcast(batch, src=0)) if size > 1 else int(batch))
     # Rounds of one batch per case, in a fresh order each round (the same on every rank): a slow spell
     # of a shared machine then lands on cases at random, not on neighbouring sizes of one collective.
-    order = np.random.default_rng(0)
+    rng = np.random.default_rng(0)
     samples = [[] for _ in cases]
     for _ in output.progress(range(iters), f"comm P={size} rounds", disable=not rank_zero()):
-        for index in order.permutation(len(cases)):
+        for index in rng.permutation(len(cases)):
             (call, x), batch = operands[index], batches[index]
             barrier()
             start = time.perf_counter()
@@ -238,7 +248,7 @@ def fits_from_sweep(rows: Sequence[dict]) -> dict:
     the per-P fits' accuracy without S."""
     threshold = choose_threshold(rows)
     points = _points(rows)
-    per_ranks, overall, plain = {}, {}, []
+    per_ranks, overall, plain, plain_held_out = {}, {}, [], []
     for kind in sorted({k for k, _ in points}):
         mine = {size: pts for (k, size), pts in points.items() if k == kind}
         per_ranks[kind] = {
@@ -248,7 +258,14 @@ def fits_from_sweep(rows: Sequence[dict]) -> dict:
         overall[kind] = _accuracy(fit_alpha_beta(kind, every, threshold), kind, every)
         for pts in mine.values():
             plain += rel_errors(fit_alpha_beta(kind, pts), kind, pts)
-    without = {"within_25_percent": sum(e <= 0.25 for e in plain), "points": len(plain), "max_rel_error": max(plain)}
+            plain_held_out += held_out_errors(kind, pts, None) if len(pts) > 3 else []
+    without = {
+        "within_25_percent": sum(e <= 0.25 for e in plain),
+        "held_out_within_25_percent": sum(e <= 0.25 for e in plain_held_out),
+        "held_out_points": len(plain_held_out),
+        "points": len(plain),
+        "max_rel_error": max(plain),
+    }
     return {"threshold_bytes": threshold, "fits": overall, "fits_per_ranks": per_ranks, "without_threshold": without}
 
 
@@ -454,7 +471,7 @@ def run(args: argparse.Namespace) -> int:
         "comm",
         config,
         sweep=rows,
-        **(model or {}),
+        **(model or {"threshold_bytes": None, "fits": {}, "fits_per_ranks": {}, "without_threshold": None}),
         fno=fno,
         cluster=asdict(cluster),
         projection=projection,
@@ -487,23 +504,37 @@ def _fit_table(model: dict) -> tuple[list[list], list[str]]:
                     f["max_rel_error"],
                     f["median_rel_error"],
                     f"{f['within_25_percent']}/{f['points']}",
+                    f"{f['held_out_within_25_percent']}/{f['held_out_points']}",
                 ]
             )
-    header = ["collective", "P", "alpha us", "1/beta GB/s", "gamma us", "max rel err", "median rel err", "within 25%"]
+    header = [
+        "collective",
+        "P",
+        "alpha us",
+        "1/beta GB/s",
+        "gamma us",
+        "max rel err",
+        "median rel err",
+        "within 25%",
+        "held out within 25%",
+    ]
     return table, header
 
 
 def _summary(model: dict) -> str:
-    """One line: the threshold, the per-P fits' points within 25%, with and without it, and the one fit over P."""
+    """One line: the threshold; the per-P fits' points within 25%, fitted and held out, with and without
+    it; the one fit over P."""
     per = [f for fits in model["fits_per_ranks"].values() for f in fits.values()]
     inside, points = sum(f["within_25_percent"] for f in per), sum(f["points"] for f in per)
+    held, held_points = sum(f["held_out_within_25_percent"] for f in per), sum(f["held_out_points"] for f in per)
     s = model["threshold_bytes"]
-    without = model["without_threshold"]
+    w = model["without_threshold"]
     one = max(f["max_rel_error"] for f in model["fits"].values())
     return (
-        f"threshold S = {'none' if s is None else f'{s // 1024} KiB'}: {inside}/{points} points within 25% "
-        f"(alpha-beta alone: {without['within_25_percent']}/{without['points']}, max rel err "
-        f"{without['max_rel_error']:.2f}); one fit over every P: max rel err {one:.2f}"
+        f"threshold S = {'none' if s is None else f'{s // 1024} KiB'}: {inside}/{points} points within 25%, "
+        f"{held}/{held_points} held out (each size predicted by a fit without it); alpha-beta alone: "
+        f"{w['within_25_percent']}/{w['points']}, {w['held_out_within_25_percent']}/{w['held_out_points']} held "
+        f"out, max rel err {w['max_rel_error']:.2f}; one fit over every P: max rel err {one:.2f}"
     )
 
 

@@ -6,7 +6,7 @@ method. DFNO's time should not depend on k (it transforms and moves the whole fi
 with k through the partial DFTs and the collective payload.
 
 JSON (``modes.json``), besides the common envelope (``drift.bench.output``): ``rows``, one per
-(k, P, method): ``{k, modes, ranks, method, shape, completed, forward: {median, q1, q3, min, max, n}
+(k, P, method): ``{k, modes, ranks, method, shape, completed, forward: {median, mean, q1, q3, min, max, n}
 (seconds), backward: null, phases_s, collectives, payload_bytes, peak_gb_per_rank}`` or
 ``{..., completed: false, error}``.
 """

@@ -7,7 +7,7 @@ as a heat map (colour: share of the forward).
 
 JSON (``phases.json``), besides the common envelope (``drift.bench.output``): ``phases``: the phase
 names in column order; ``rows``, one per (P, method): ``{ranks, method, shape, completed, forward:
-{median, q1, q3, min, max, n} (seconds), backward: null, phases_s: {phase: seconds per forward},
+{median, mean, q1, q3, min, max, n} (seconds), backward: null, phases_s: {phase: seconds per forward},
 collectives: [[kind, bytes]], payload_bytes}`` or ``{..., completed: false, error}``.
 """
 

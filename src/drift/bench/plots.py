@@ -41,7 +41,8 @@ def comm(rows: Sequence[dict], model: dict, path: Path) -> None:
             bars = [[m - r["seconds"]["q1"] for m, r in zip(mean, mine, strict=True)]]
             bars.append([r["seconds"]["q3"] - m for m, r in zip(mean, mine, strict=True)])
             line = ax.errorbar(n, mean, yerr=np.clip(bars, 0, None), fmt="o", capsize=2, label=f"P={size}")[0]
-            ax.plot(n, [fit.predict(kind, size, b) for b in n], "-", color=line.get_color(), alpha=0.6)
+            dense = np.geomspace(n[0], n[-1], 200)  # the model's step at S shows as a step
+            ax.plot(dense, [fit.predict(kind, size, b) for b in dense], "-", color=line.get_color(), alpha=0.6)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(kind)

@@ -3,7 +3,7 @@
 ``run_ranks(P, fn, *args)`` starts P fresh processes (spawn), joins them into a Gloo process group (NCCL
 with one GPU per rank when ``DRIFT_BENCH_DEVICE=cuda``; ``device()`` is the rank's device) on a
 free port whose collectives time out after ``group_timeout_s``, gives each ``OMP_NUM_THREADS`` or
-``max(1, cores // P)`` threads (``rank_threads`` sets the former), calls ``fn(*args)`` on every rank and returns the
+``max(1, cores // P)`` threads (``set_rank_threads`` sets the former), calls ``fn(*args)`` on every rank and returns the
 per-rank results in rank order. Any failure is a ``RankError`` and never a hang: an exception or a death
 on one rank ends the others (torch's process context terminates them), a run longer than ``timeout_s``
 is killed, and with ``memory_cap_gb`` the summed resident memory of the ranks is polled and the ranks
@@ -131,7 +131,7 @@ def _entry(rank: int, size: int, port: int, threads: int, group_timeout_s: float
 
 
 @contextlib.contextmanager
-def rank_threads(count: int | None) -> Iterator[None]:
+def set_rank_threads(count: int | None) -> Iterator[None]:
     """Inside the block, ranks started by ``run_ranks`` (and by ``drift.launch``) get ``count`` threads
     each, through ``OMP_NUM_THREADS`` (None: leave it; unset, each rank gets ``max(1, cores // P)``). On
     a loaded machine one thread per rank avoids stalls of multi-threaded gemms whose threads get

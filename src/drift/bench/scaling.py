@@ -7,7 +7,7 @@ paper's Figure 10. For each P and method (drift, dfno, dfno-pruned) a fresh grou
 
 JSON (``scaling.json``), besides the common envelope (``drift.bench.output``): ``rows``, one per
 (scaling, P, method): ``{scaling: "strong"|"weak", ranks, method, shape (global), completed,
-forward: {median, q1, q3, min, max, n} (seconds), backward: same or null, phases_s: {phase: seconds},
+forward: {median, mean, q1, q3, min, max, n} (seconds), backward: same or null, phases_s: {phase: seconds},
 collectives: [[kind, bytes]] of one forward, payload_bytes, peak_gb_per_rank}``, or ``{..., completed: false, error}``
 when a rank failed (e.g. killed for memory: all cases of that P then fail).
 """
