@@ -54,6 +54,22 @@ def test_fit_recovers_the_threshold_model():
     assert comm.model_for(model, "broadcast", 2) is None
 
 
+def test_no_threshold_for_plain_alpha_beta_times():
+    # Exact and 5%-noisy alpha-beta times: the extra gamma per fit never pays for itself.
+    truth = comm.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10)
+    rng = np.random.default_rng(0)
+    for noise in (0.0, 0.05):
+        rows = [
+            {"kind": kind, "ranks": p, "bytes": n, "seconds": {"mean": truth.predict(kind, p, n) * (1 + noise * e)}}
+            for kind in comm.KINDS
+            for p in (2, 4)
+            for n, e in zip([2**k for k in range(15, 25)], rng.standard_normal(10), strict=True)
+        ]
+        assert comm.choose_threshold(rows) is None
+        fit = comm.model_for(comm.fits_from_sweep(rows), "all_reduce", 2)
+        assert fit.gamma_s == 0 and fit.threshold_bytes is None
+
+
 def test_non_negative_least_squares_matches_scipy():
     from scipy.optimize import nnls
 
