@@ -108,7 +108,9 @@ def _worker(rank: int, size: int, port: int, conn, pg_timeout: float) -> None:
             conn.send(reply)
         except Exception:
             conn.send(("error", traceback.format_exc()))
-    dist.destroy_process_group()
+    from drift import comm
+
+    comm.destroy_process_group()
 
 
 class RankPool:

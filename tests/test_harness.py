@@ -66,3 +66,18 @@ def test_stuck_rank_fails_within_the_timeout(fn):
         with pytest.raises(RankFailure, match=r"\(timeout\)"):
             pool.run(fn, timeout=3)
         assert time.monotonic() - start < 15
+
+
+def _subgroup_then_destroy():
+    from drift import comm
+
+    comm.subgroup([0, 1])
+    cached = len(comm._subgroups)
+    comm.destroy_process_group()
+    return cached, len(comm._subgroups), dist.is_initialized()
+
+
+def test_destroying_the_group_drops_the_cached_subgroups():
+    # A destroyed group's subgroups must not outlive it (their backend threads would run until exit).
+    with RankPool(2) as pool:
+        assert pool.run(_subgroup_then_destroy) == [(1, 0, False)] * 2

@@ -65,6 +65,18 @@ def subgroup(members: list[int], group=None):
     return cached[1]
 
 
+def destroy_process_group() -> None:
+    """Leave every process group, the default one and the subgroups ``subgroup`` made.
+
+    Use this rather than ``torch.distributed.destroy_process_group``: the subgroup cache would
+    otherwise keep the destroyed groups, and their backend threads, alive until the interpreter
+    exits, and a backend torn down during interpreter finalization can abort the process.
+    """
+    _subgroups.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _backend_device(group) -> torch.device:
     return torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from drift import comm
 from drift.errors import PlanError
 
 TIMEOUT = datetime.timedelta(minutes=30)  # generous: rank 0 may write the default data set first
@@ -69,8 +70,7 @@ def process_group(device: str = "cpu") -> Iterator[torch.device]:
     try:
         yield where
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        comm.destroy_process_group()
 
 
 def run_ranks(fn: Callable, args: tuple, nproc: int) -> list:

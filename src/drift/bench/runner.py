@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from drift import launch
+from drift import comm, launch
 
 
 class RankError(RuntimeError):
@@ -127,7 +127,7 @@ def _entry(rank: int, size: int, port: int, threads: int, group_timeout_s: float
         Path(out, f"{rank}.err").write_text(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
         raise
     finally:
-        dist.destroy_process_group()
+        comm.destroy_process_group()
 
 
 @contextlib.contextmanager
