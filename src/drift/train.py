@@ -105,13 +105,14 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {config.method!r}")
     if config.device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
-    gpus = torch.cuda.device_count()
-    if config.device == "cuda" and gpus < 1:
-        raise ConfigError("--device cuda: no CUDA device is available")
-    # Ranks this command starts itself see every GPU and need one each (NCCL); under torchrun or a
-    # scheduler the launcher has placed them.
-    if config.device == "cuda" and not launched() and gpus < world_size:
-        raise ConfigError(f"--device cuda: {world_size} ranks on this machine need {world_size} GPUs, found {gpus}")
+    if config.device == "cuda":
+        gpus = torch.cuda.device_count()
+        if gpus < 1:
+            raise ConfigError("--device cuda: no CUDA device is available")
+        # Ranks this command starts itself see every GPU and need one each (NCCL); under torchrun or a
+        # scheduler the launcher has placed them.
+        if not launched() and gpus < world_size:
+            raise ConfigError(f"--device cuda: {world_size} ranks on this machine need {world_size} GPUs, found {gpus}")
     if config.resume:
         resume_point(config)
     if config.data is None:

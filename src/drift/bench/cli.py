@@ -56,8 +56,8 @@ def _run_with_options(run, args: argparse.Namespace) -> int:
     """Run a subcommand with ``--threads`` per rank and its ranks on ``--device`` (read by the ranks
     from ``runner.DEVICE_ENV``)."""
     where = getattr(args, "device", "cpu")
-    if where == "cuda" and torch.cuda.device_count() < _ranks_needed(args):
-        needed, gpus = _ranks_needed(args), torch.cuda.device_count()
+    needed, gpus = _ranks_needed(args), torch.cuda.device_count()
+    if where == "cuda" and gpus < needed:
         print(
             f"drift bench: error: --device cuda: {needed} ranks need {needed} GPUs (one each), found {gpus}",
             file=sys.stderr,

@@ -49,8 +49,9 @@ from drift import comm as collectives
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, slab
 from drift.bench.output import positive_int, shape_arg
-from drift.bench.runner import barrier, device, rank_zero, run_ranks, spread, synchronize
+from drift.bench.runner import barrier, device, rank_zero, run_ranks, spread
 from drift.nn import FNO, METHODS
+from drift.profiling import synchronize_device
 from drift.truncated import best_order, mode_lists
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -157,7 +158,9 @@ def rel_errors(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) 
 
 def held_out_errors(kind: str, points: Sequence[tuple[int, float, float]], threshold_bytes: int | None) -> list[float]:
     """Each point's relative error under the model fitted to the other points: how well the model
-    predicts a size it was not fitted to."""
+    predicts a size it was not fitted to (none below 4 points: the rest would not test the fit)."""
+    if len(points) < 4:
+        return []
     rest = [[q for j, q in enumerate(points) if j != i] for i in range(len(points))]
     return [
         rel_errors(fit_alpha_beta(kind, r, threshold_bytes), kind, [p])[0] for p, r in zip(points, rest, strict=True)
@@ -166,7 +169,7 @@ def held_out_errors(kind: str, points: Sequence[tuple[int, float, float]], thres
 
 def _accuracy(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> dict:
     errors = rel_errors(fit, kind, points)
-    held_out = held_out_errors(kind, points, fit.threshold_bytes) if len(points) > 3 else []
+    held_out = held_out_errors(kind, points, fit.threshold_bytes)
     return {
         **asdict(fit),
         "max_rel_error": max(errors),
@@ -178,9 +181,14 @@ def _accuracy(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -
     }
 
 
+def _per_rank(nbytes: int, size: int) -> int:
+    """float32 elements per rank of an ``nbytes`` vector (at least one: the vector is rounded to them)."""
+    return max(1, nbytes // (4 * size))
+
+
 def _operands(kind: str, nbytes: int, size: int) -> tuple:
     """The call and its input for an ``nbytes`` float32 vector (rounded to a multiple of ``size``)."""
-    per_rank = max(1, nbytes // (4 * size))
+    per_rank = _per_rank(nbytes, size)
     on = dict(device=device())
     if kind == "all_reduce":
         return collectives.all_reduce, torch.ones(per_rank * size, **on)
@@ -206,7 +214,7 @@ def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters
         start = time.perf_counter()
         for _ in range(warmup):
             call(x)
-        synchronize()
+        synchronize_device()
         # Batches long enough that timer and barrier costs vanish next to them: one decision for all
         # ranks (rank 0's), so that every rank runs the same number of calls.
         each = (time.perf_counter() - start) / max(warmup, 1)
@@ -223,7 +231,7 @@ def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters
             start = time.perf_counter()
             for _ in range(batch):
                 call(x)
-            synchronize()
+            synchronize_device()
             samples[index].append((time.perf_counter() - start) / batch)
     return {"rank": rank, "samples": dict(zip(cases, samples, strict=True))}
 
@@ -237,7 +245,7 @@ def sweep(nproc: Sequence[int], kinds: Sequence[str], sizes: Sequence[int], warm
             for nbytes in sizes:
                 # The slowest rank's: a collective is done when its last rank is.
                 worst = max((r["samples"][(kind, nbytes)] for r in ranks), key=statistics.fmean)
-                actual = max(1, nbytes // (4 * size)) * 4 * size
+                actual = _per_rank(nbytes, size) * 4 * size
                 rows.append({"kind": kind, "ranks": size, "bytes": actual, "seconds": spread(worst)})
     return rows
 
@@ -258,7 +266,7 @@ def fits_from_sweep(rows: Sequence[dict]) -> dict:
         overall[kind] = _accuracy(fit_alpha_beta(kind, every, threshold), kind, every)
         for pts in mine.values():
             plain += rel_errors(fit_alpha_beta(kind, pts), kind, pts)
-            plain_held_out += held_out_errors(kind, pts, None) if len(pts) > 3 else []
+            plain_held_out += held_out_errors(kind, pts, None)
     without = {
         "within_25_percent": sum(e <= 0.25 for e in plain),
         "held_out_within_25_percent": sum(e <= 0.25 for e in plain_held_out),

@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from drift import comm, launch
+from drift.profiling import synchronize_device
 
 
 class RankError(RuntimeError):
@@ -95,24 +96,22 @@ def peak_private_gb() -> float:
 DEVICE_ENV = "DRIFT_BENCH_DEVICE"
 
 
+def _on_cuda() -> bool:
+    return os.environ.get(DEVICE_ENV, "cpu") == "cuda"
+
+
 def device() -> torch.device:
     """This rank's device: the CPU, or with ``DRIFT_BENCH_DEVICE=cuda`` GPU ``rank`` (``run_ranks`` checks
     that there is one per rank)."""
-    if os.environ.get(DEVICE_ENV, "cpu") != "cuda":
+    if not _on_cuda():
         return torch.device("cpu")
     return torch.device("cuda", dist.get_rank() if dist.is_initialized() else 0)
-
-
-def synchronize() -> None:
-    """Wait for this rank's device (CUDA kernels run asynchronously); nothing to do on the CPU."""
-    if device().type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _entry(rank: int, size: int, port: int, threads: int, group_timeout_s: float, out: str, fn, args) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
-    cuda = os.environ.get(DEVICE_ENV, "cpu") == "cuda"
+    cuda = _on_cuda()
     if cuda:
         torch.cuda.set_device(rank)
     # Even one rank joins a group, so that barriers and drift.comm behave the same at every P.
@@ -166,7 +165,7 @@ def run_ranks(
     exceeds ``memory_cap_gb`` (polled every 50 ms, private memory: see ``peak_private_gb``).
     """
     gpus = torch.cuda.device_count()
-    if os.environ.get(DEVICE_ENV, "cpu") == "cuda" and size > gpus:
+    if _on_cuda() and size > gpus:
         raise RankError(f"{size} ranks on CUDA need {size} GPUs (one each, for NCCL), found {gpus}")
     threads = threads or launch.threads_per_rank(size)
     with tempfile.TemporaryDirectory(prefix="drift-bench-") as tmp:
@@ -200,9 +199,9 @@ def rank_zero() -> bool:
 
 def barrier() -> None:
     """Wait for every rank of the default group (and, on a GPU, for this rank's kernels first)."""
-    synchronize()
+    synchronize_device()
     dist.barrier()
-    synchronize()
+    synchronize_device()
 
 
 def timed(fn: Callable[[], Any]) -> float:
