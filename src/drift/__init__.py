@@ -1,9 +1,9 @@
 """drift: distributed spectral operators for Fourier-domain neural networks."""
 
 from drift.comm import Collective, CommLog, comm_log
-from drift.decomposition import gather, local_slices, scatter
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
+from drift.layout import Layout, grid_mesh
 from drift.profiling import profile
 from drift.truncated import TruncatedFFT
 
@@ -13,11 +13,10 @@ __all__ = [
     "Collective",
     "CommLog",
     "DistributedFFT",
+    "Layout",
     "PlanError",
     "TruncatedFFT",
     "comm_log",
-    "gather",
-    "local_slices",
+    "grid_mesh",
     "profile",
-    "scatter",
 ]

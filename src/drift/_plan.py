@@ -1,10 +1,12 @@
-"""What every resident plan shares: device resolution and strict input checks."""
+"""What every resident plan shares: device resolution, strict input checks, workspaces, and module
+conversions (``.to``, ``.double``) that keep complex tensors complex."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from torch import nn
 
 from drift.errors import PlanError
 
@@ -24,6 +26,39 @@ def complex_dtype(dtype: torch.dtype) -> torch.dtype:
     if dtype == torch.float64:
         return torch.complex128
     raise ValueError(f"dtype must be torch.float32 or torch.float64 (the real precision), got {dtype}")
+
+
+_COMPLEX = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+_REAL = {c: r for r, c in _COMPLEX.items()}
+
+
+def real_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The real precision of a real or complex floating dtype."""
+    return _REAL.get(dtype, dtype)
+
+
+class ComplexModule(nn.Module):
+    """A module whose complex parameters and buffers follow conversions as their real precision does.
+
+    torch's ``Module.to(torch.float64)`` casts a complex tensor to a real one (dropping the imaginary
+    part) and ``.double()`` leaves it complex64. Here a complex tensor goes wherever ``fn`` sends a real
+    tensor of its precision: ``.double()`` or ``.to(torch.float64)`` make complex64 complex128,
+    ``.float()`` the reverse, ``.to(device)`` moves it. Children get the same treatment.
+    """
+
+    def _apply(self, fn, recurse=True):
+        if getattr(fn, "_complex_aware", False):
+            return super()._apply(fn, recurse)
+
+        def apply(t: torch.Tensor) -> torch.Tensor:
+            if not t.is_complex():
+                return fn(t)
+            probe = fn(torch.empty(0, dtype=real_dtype(t.dtype), device=t.device))
+            target = probe.dtype if probe.is_complex() else _COMPLEX.get(probe.dtype, t.dtype)
+            return t.to(device=probe.device, dtype=target)
+
+        apply._complex_aware = True
+        return super()._apply(apply, recurse)
 
 
 def check_input(
@@ -57,21 +92,24 @@ class Workspace:
     """Resident work buffers for the passes that autograd does not record, one per (stage, role).
 
     Reusing them spares the page faults of fresh multi-gigabyte allocations on every call. A buffer
-    grows when a larger one is asked for and serves smaller requests (a last, shorter chunk) as a view.
-    Buffers are ordinary tensors even when first made under ``torch.inference_mode``, so later calls
-    outside it can still write them.
+    grows when a larger one is asked for and serves smaller requests (a last, shorter chunk) as a view;
+    one asked for on another device or in another dtype (after ``module.to``) replaces it. Buffers are
+    ordinary tensors even when first made under ``torch.inference_mode``, so later calls outside it can
+    still write them.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
 
-    def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         numel = math.prod(shape)
         buf = self._buffers.get(key)
-        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+        if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < numel:
             self._buffers.pop(key, None)
             with torch.inference_mode(False):
-                buf = torch.empty(numel, dtype=dtype, device=self.device)
+                buf = torch.empty(numel, dtype=dtype, device=device)
             self._buffers[key] = buf
         return buf[:numel].view(shape)
+
+    def clear(self) -> None:
+        self._buffers.clear()

@@ -245,6 +245,16 @@ class _AllReduce(torch.autograd.Function):
         return _all_reduce(grad, ctx.group), None
 
 
+class _SumToReplicated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -299,6 +309,13 @@ def all_reduce(x: torch.Tensor, *, group=None) -> torch.Tensor:
     Differentiable: the gradient of each rank's input is the all-reduce of the output gradients.
     """
     return _AllReduce.apply(x, group)
+
+
+def sum_to_replicated(x: torch.Tensor, *, group=None) -> torch.Tensor:
+    """Sum of ``x`` over the ranks of ``group`` (a new tensor), under DTensor's gradient convention: the
+    result is one replicated value whose gradient is already the same whole gradient on every rank, so
+    the backward passes it through unchanged (``all_reduce``'s backward sums per-rank contributions)."""
+    return _SumToReplicated.apply(x, group)
 
 
 def reduce_scatter(x: torch.Tensor, *, group=None) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """Distributed full transforms: FFT (complex and real) and DCT-II over slab and pencil grids.
 
 The plan transforms every dim that is whole on this rank with one local call, then, while a dim is
-still untransformed, swaps it with a whole, transformed dim by an all-to-all inside the grid's
-sub-group along that dim's grid axis (the ranks that differ only in that coordinate), and transforms
-it. A slab grid ``(P, 1, 1)`` takes one transpose, a pencil grid ``(P1, P2, 1)`` two. The output is
-left where the last transpose put it: ``output_slices(rank)`` says which block a rank holds. The
-inverse runs the steps backwards.
+still untransformed, swaps it with a whole, transformed dim by an all-to-all inside the group of the
+mesh dim that splits it (the ranks that differ only in that mesh coordinate), and transforms it. A
+slab (one mesh dim splitting one field dim) takes one transpose, a pencil (two mesh dims) two. The
+output is left where the last transpose put it: ``output_slices()`` says which block a rank holds and
+``output_placements`` says it as DTensor placements. The inverse runs the steps backwards.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from dataclasses import dataclass
 
 import numpy
 import torch
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from drift import comm, dct
-from drift._plan import Workspace, check_input, complex_dtype, resolve_device
-from drift.decomposition import block_sizes, block_slice, check_grid, grid_coords, grid_rank, local_slices
+from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
 from drift.errors import PlanError
+from drift.layout import Layout, chunk_sizes, chunk_slice, dtensor_layout, to_dtensor
 from drift.truncated import ModeSpec, mode_lists
 
 KINDS = ("c2c", "r2c", "dct2")
@@ -39,8 +40,9 @@ class _Local:
 class _Transpose:
     """Make dim ``gather`` whole and split dim ``scatter`` over the same grid axis.
 
-    ``gather_sizes[q]`` and ``scatter_sizes[q]`` are rank q's block extents (in the sub-group, which
-    ``coord`` indexes) on the two dims; before the step this rank holds block ``coord`` of ``gather``.
+    ``gather_sizes[q]`` and ``scatter_sizes[q]`` are rank q's block extents (in the mesh dim's group,
+    which ``coord`` indexes) on the two dims; before the step this rank holds block ``coord`` of
+    ``gather``.
     """
 
     gather: int
@@ -71,7 +73,7 @@ def _exchange(t: torch.Tensor, step: _Transpose, work: Workspace | None, key: tu
     if math.prod(t.shape[:scatter]) == 1:
         send = t.reshape(-1)
     else:
-        send = t.new_empty(t.numel()) if work is None else work.get((*key, "send"), (t.numel(),), t.dtype)
+        send = t.new_empty(t.numel()) if work is None else work.get((*key, "send"), (t.numel(),), t.dtype, t.device)
         start = 0
         for piece in pieces:  # narrow, not split: autograd allows in-place writes into single views
             send.narrow(0, start, piece.numel()).view(piece.shape).copy_(piece)
@@ -88,14 +90,14 @@ def _exchange(t: torch.Tensor, step: _Transpose, work: Workspace | None, key: tu
     if work is None:
         recv = comm.all_to_all(send, send_counts, recv_counts, group=step.group)
     else:
-        buf = work.get((*key, "recv"), (total,), t.dtype)
+        buf = work.get((*key, "recv"), (total,), t.dtype, t.device)
         recv = comm.all_to_all(send, send_counts, recv_counts, group=step.group, out=buf)
     if math.prod(out_shape[:gather]) == 1:
         return recv.view(out_shape)
     blocks = [p.view(s) for p, s in zip(recv.split(recv_counts), shapes, strict=True)]
     if work is None:
         return torch.cat(blocks, dim=gather)
-    return torch.cat(blocks, dim=gather, out=work.get((*key, "out"), tuple(out_shape), t.dtype))
+    return torch.cat(blocks, dim=gather, out=work.get((*key, "out"), tuple(out_shape), t.dtype, t.device))
 
 
 def _pairing(rank: int, size: int) -> list[int | None]:
@@ -186,17 +188,18 @@ def _fft_inplace(t: torch.Tensor, dims: tuple[int, ...], inverse: bool, norm: st
             chunk.copy_(fft(chunk, dim=dim, norm=norm))
 
 
-class DistributedFFT:
+class DistributedFFT(ComplexModule):
     """A resident plan for the full distributed transform of the last d dims of sharded blocks.
 
     Args:
         global_shape: extents ``(N1, ..., Nd)`` of the transformed dims.
-        grid: ranks per dim; the product is the group size and at least one dim must be whole (1).
+        mesh, placements: where the blocks live, as for ``TruncatedFFT`` (``drift.Layout``); at least
+            one transformed dim must be whole.
         kind: "c2c" (``torch.fft.fftn``), "r2c" (``torch.fft.rfftn``, last output extent N//2+1) or
             "dct2" (``scipy.fft.dctn(type=2)``; local DCTs by FFT with twiddles, see ``drift.dct``).
         dtype: the real precision, ``torch.float32`` or ``torch.float64``. c2c takes complex input of
-            that precision, r2c and dct2 real input.
-        device, group, strict: as for ``TruncatedFFT``.
+            that precision, r2c and dct2 real input. ``.to()``/``.double()``/``.float()`` convert the plan.
+        device, strict: as for ``TruncatedFFT``.
         norm: "backward", "ortho" or "forward" ("backward" or "ortho" for dct2).
         inplace: low-memory c2c mode: the output overwrites the input's storage and every temporary
             is bounded by ``plan.staging_bytes``; needs evenly split transposed dims; no autograd.
@@ -204,41 +207,41 @@ class DistributedFFT:
             modes are kept (as for ``TruncatedFFT``), so the transposes move only kept data;
             ``output_shape`` is then the mode shape and ``inverse`` zero-fills the dropped modes.
 
-    Input blocks follow ``local_slices(global_shape, grid, rank)``; output blocks follow
-    ``output_slices(rank)`` inside ``output_shape``.
+    Input blocks follow ``layout.local_slices``; output blocks follow ``output_slices()`` inside
+    ``output_shape``, split as ``output_placements`` say. DTensor inputs give DTensor outputs.
     """
 
     def __init__(
         self,
         global_shape: Sequence[int],
-        grid: Sequence[int],
+        mesh=None,
+        placements: Sequence | None = None,
         *,
         kind: str = "c2c",
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
-        group=None,
         norm: str = "backward",
         inplace: bool = False,
         strict: bool = True,
         modes: ModeSpec | Sequence[ModeSpec] | None = None,
     ) -> None:
+        super().__init__()
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if inplace and kind != "c2c":
             raise ValueError(f"inplace=True transforms c2c in the input's storage; kind {kind!r} is not supported")
-        self.complex_dtype = complex_dtype(dtype)
+        complex_dtype(dtype)
         norms = ("backward", "ortho") if kind == "dct2" else ("backward", "ortho", "forward")
         if norm not in norms:
             raise ValueError(f"norm for kind {kind!r} must be one of {norms}, got {norm!r}")
-        self.global_shape = tuple(int(n) for n in global_shape)
-        self.group = group
-        self.world_size = comm.world_size(group)
-        self.rank = comm.rank(group)
-        self.grid = check_grid(self.global_shape, grid, self.world_size)
-        if all(p > 1 for p in self.grid):
-            raise ValueError(f"grid {self.grid} splits every dim: at least one dim must be whole")
-        self.kind, self.dtype, self.norm, self.inplace, self.strict = kind, dtype, norm, inplace, strict
-        self.device = resolve_device(device)
+        self.layout = Layout(global_shape, mesh, placements)
+        self.global_shape = self.layout.global_shape
+        if all(a is not None for a in self.layout.axes):
+            raise ValueError(f"placements {self.layout.placements} split every dim: at least one dim must be whole")
+        self.kind, self.norm, self.inplace, self.strict = kind, norm, inplace, strict
+        device = resolve_device(device)
+        # An empty buffer that carries the plan's precision and device through module conversions.
+        self.register_buffer("anchor", torch.empty(0, dtype=dtype, device=device), persistent=False)
         out = list(self.global_shape)
         if kind == "r2c":
             out[-1] = out[-1] // 2 + 1
@@ -248,13 +251,14 @@ class DistributedFFT:
                 raise ValueError("modes (a pruned transform) apply to the out-of-place c2c and r2c kinds")
             self.modes = mode_lists(modes, self.global_shape, kind == "r2c")
             out = [len(m) for m in self.modes]
-            self._keep = [torch.tensor(m, device=self.device) for m in self.modes]
+            for i, m in enumerate(self.modes):
+                self.register_buffer(f"keep_{i}", torch.tensor(m, device=device), persistent=False)
         self.output_shape = tuple(out)
-        self.local_slices = local_slices(self.global_shape, self.grid, self.rank)
-        self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
+        self.local_slices = self.layout.local_slices
+        self.local_shape = self.layout.local_shape
         self._steps, self._output_axes = self._schedule()
-        self.output_local_shape = tuple(s.stop - s.start for s in self.output_slices(self.rank))
-        self._workspace = Workspace(self.device)
+        self.output_local_shape = tuple(s.stop - s.start for s in self.output_slices())
+        self._workspace = Workspace()
         self.staging_bytes = STAGING_BYTES
         if inplace:
             uneven = [st for st in self._steps if isinstance(st, _Transpose) and not _even(st)]
@@ -265,47 +269,51 @@ class DistributedFFT:
                     f"{len(uneven[0].gather_sizes)} ranks"
                 )
 
-    def __repr__(self) -> str:
+    @property
+    def dtype(self) -> torch.dtype:
+        """The real precision the plan computes in."""
+        return real_dtype(self.anchor.dtype)
+
+    @property
+    def complex_dtype(self) -> torch.dtype:
+        return complex_dtype(self.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchor.device
+
+    def _apply(self, fn, recurse=True):
+        self._workspace.clear()
+        return super()._apply(fn, recurse)
+
+    def extra_repr(self) -> str:
         return (
-            f"DistributedFFT(global_shape={self.global_shape}, grid={self.grid}, kind={self.kind!r}, "
-            f"rank={self.rank}, dtype={self.dtype}, norm={self.norm!r}, inplace={self.inplace})"
+            f"global_shape={self.global_shape}, layout={self.layout.placements}, kind={self.kind!r}, "
+            f"dtype={self.dtype}, norm={self.norm!r}, inplace={self.inplace}"
         )
 
     def _schedule(self) -> tuple[list, tuple]:
-        """The forward steps, and the grid axis each output dim is split over (None: whole)."""
+        """The forward steps, and the mesh dim each output dim is split over (None: whole)."""
         d = len(self.global_shape)
-        coords = grid_coords(self.rank, self.grid)
-        axis = [a if self.grid[a] > 1 else None for a in range(d)]  # grid axis splitting each dim
+        layout = self.layout
+        axis = list(layout.axes)  # the mesh dim splitting each dim
         extents = list(self.global_shape)
         transformed: set[int] = set()
         steps: list = []
 
         def swap(split: int, candidates) -> None:
             a = axis[split]
-            parts = self.grid[a]
+            parts = layout.axis_size(a)
             fits = [j for j in candidates if axis[j] is None and extents[j] >= parts]
             if not fits:
                 raise ValueError(
-                    f"grid {self.grid} cannot be transposed: no whole dim of global_shape "
+                    f"placements {layout.placements} cannot be transposed: no whole dim of global_shape "
                     f"{self.global_shape} can take the {parts}-way split of dim {split}"
                 )
             whole = max(fits)
-            members = []
-            for c in range(parts):
-                other = list(coords)
-                other[a] = c
-                members.append(grid_rank(other, self.grid))
-            group = comm.subgroup(members, self.group)
-            steps.append(
-                _Transpose(
-                    split,
-                    whole,
-                    tuple(block_sizes(extents[split], parts)),
-                    tuple(block_sizes(extents[whole], parts)),
-                    coords[a],
-                    group,
-                )
-            )
+            coord = layout.coordinate[a]
+            sizes = (tuple(chunk_sizes(extents[split], parts)), tuple(chunk_sizes(extents[whole], parts)))
+            steps.append(_Transpose(split, whole, *sizes, coord, layout.group(a)))
             axis[whole], axis[split] = a, None
 
         if self.kind == "r2c" and axis[d - 1] is not None:
@@ -323,17 +331,26 @@ class DistributedFFT:
                 return steps, tuple(axis)
             swap(max(pending), transformed)
 
-    def output_slices(self, rank: int) -> tuple[slice, ...]:
-        """Global index slices (inside ``output_shape``) of the output block that ``rank`` holds."""
-        coords = grid_coords(rank, self.grid)
+    def output_slices(self, coordinate: Sequence[int] | None = None) -> tuple[slice, ...]:
+        """Global index slices (inside ``output_shape``) of the output block of this rank, or of the rank
+        at mesh ``coordinate``."""
+        coordinate = self.layout.coordinate if coordinate is None else coordinate
         return tuple(
-            slice(0, n) if a is None else block_slice(n, self.grid[a], coords[a])
+            slice(0, n) if a is None else chunk_slice(n, self.layout.axis_size(a), coordinate[a])
             for n, a in zip(self.output_shape, self._output_axes, strict=True)
+        )
+
+    @property
+    def output_placements(self) -> tuple:
+        """The output's placements, one per mesh dim, as for a DTensor of shape ``output_shape``."""
+        return tuple(
+            Shard(self._output_axes.index(a)) if a in self._output_axes else Replicate()
+            for a in range(len(self.layout.placements))
         )
 
     def _check(self, t: torch.Tensor, what: str, shape: tuple[int, ...], complex_input: bool) -> torch.Tensor:
         dtype = self.complex_dtype if complex_input else self.dtype
-        return check_input(t, what, self.rank, shape, dtype, self.device, self.strict)
+        return check_input(t, what, comm.rank(), shape, dtype, self.device, self.strict)
 
     def _transform(self, t: torch.Tensor, step: _Local, first: bool, inverse: bool) -> torch.Tensor:
         dims = tuple(i + 1 for i in step.dims)
@@ -344,15 +361,21 @@ class DistributedFFT:
         if not inverse:
             t = self._full_transform(t, step, dims, first, inverse)
             for i in step.dims:
-                t = t.index_select(i + 1, self._keep[i])
+                t = t.index_select(i + 1, getattr(self, f"keep_{i}"))
             return t
         for i, n in zip(step.dims, step.sizes, strict=True):  # zero-fill the dropped modes
             full = list(t.shape)
             full[i + 1] = n // 2 + 1 if (self.kind == "r2c" and i == len(self.global_shape) - 1) else n
-            t = t.new_zeros(full).index_copy(i + 1, self._keep[i], t)
+            t = t.new_zeros(full).index_copy(i + 1, getattr(self, f"keep_{i}"), t)
         return self._full_transform(t, step, dims, first, inverse)
 
     def _full_transform(self, t: torch.Tensor, step: _Local, dims: tuple[int, ...], first: bool, inverse: bool):
+        if t.numel() == 0 and t.device.type != "meta":
+            # oneMKL rejects empty transforms. An empty block's transform is empty; adding the (empty)
+            # input's zero sum keeps it in the autograd graph, so this rank's backward still runs.
+            shape = self._full_transform(t.detach().to("meta"), step, dims, first, inverse)
+            anchor = t.abs().sum() * 0
+            return t.new_zeros(shape.shape, dtype=shape.dtype) + anchor
         if self.kind == "dct2":
             for dim in dims:
                 t = (dct.idct2 if inverse else dct.dct2)(t, dim, self.norm)
@@ -383,11 +406,11 @@ class DistributedFFT:
     def _run_inplace(self, t: torch.Tensor, what: str, shape: tuple[int, ...], inverse: bool) -> torch.Tensor:
         """The steps in the storage of ``t``; returns a view of that storage in the output shape."""
         if not t.is_contiguous():
-            raise PlanError(f"{what} on rank {self.rank}: inplace=True needs a contiguous tensor")
+            raise PlanError(f"{what} on rank {comm.rank()}: inplace=True needs a contiguous tensor")
         if torch.is_grad_enabled() and t.requires_grad:
-            raise PlanError(f"{what} on rank {self.rank}: inplace=True does not record autograd")
+            raise PlanError(f"{what} on rank {comm.rank()}: inplace=True does not record autograd")
         staging = max(1, self.staging_bytes // t.element_size())
-        t = t.view(-1, *shape)
+        t = t.view(math.prod(t.shape[: t.dim() - len(shape)]), *shape)
         steps = reversed(self._steps) if inverse else self._steps
         for step in steps:
             if isinstance(step, _Local):
@@ -404,23 +427,43 @@ class DistributedFFT:
         complex_input = self.kind != "dct2" if inverse else self.kind == "c2c"
         t = self._check(t, what, shape, complex_input)
         batch = t.shape[: t.dim() - len(self.global_shape)]
-        out = self._run_inplace(t, what, shape, inverse) if self.inplace else self._run(t.reshape(-1, *shape), inverse)
+        out = self._run_inplace(t, what, shape, inverse) if self.inplace else self._run(t.reshape(math.prod(batch), *shape), inverse)
         return out.reshape(*batch, *out_shape)
 
-    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        """This rank's block (``output_slices(rank)``) of the global transform.
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's block (``output_slices()``) of the global transform.
 
-        ``x_local`` is ``(*batch, n1_loc, ..., nd_loc)`` as ``local_slices``: complex for c2c, real
-        for r2c and dct2. Differentiable (except with ``inplace=True``, where the result is a view of
-        the input's storage, which it overwrites).
+        ``x`` is this rank's block ``(*batch, n1_loc, ..., nd_loc)`` as ``local_slices``: complex for
+        c2c, real for r2c and dct2; or a DTensor of the global field with the plan's layout, which
+        gives a DTensor of shape ``(*batch, *output_shape)`` placed as ``output_placements``.
+        Differentiable (except with ``inplace=True``, where the result is a view of the input's
+        storage, which it overwrites).
         """
-        return self._execute(x_local, inverse=False)
+        if isinstance(x, DTensor):
+            lead = x.dim() - len(self.global_shape)
+            layout, _ = dtensor_layout(x, len(self.global_shape), batch_axes_ok=False)
+            if layout != self.layout:
+                raise PlanError(f"forward input: a DTensor laid out as {layout} does not match the plan's {self.layout}")
+            y = self._execute(x.to_local(), inverse=False)
+            placements = tuple(Shard(p.dim + lead) if isinstance(p, Shard) else p for p in self.output_placements)
+            return to_dtensor(y, x.device_mesh, placements, (*x.shape[:lead], *self.output_shape))
+        return self._execute(x, inverse=False)
 
-    def inverse(self, y_local: torch.Tensor) -> torch.Tensor:
-        """The input block back from this rank's output block: ifftn, irfftn or the DCT-III.
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """The input block back from this rank's output block: ifftn, irfftn or the DCT-III (a DTensor
+        placed as ``output_placements`` gives a DTensor of the field).
 
         ``inverse(forward(x)) == x`` to round-off. Differentiable (except with ``inplace=True``).
         """
-        return self._execute(y_local, inverse=True)
-
-    __call__ = forward
+        if isinstance(y, DTensor):
+            lead = y.dim() - len(self.global_shape)
+            expected = tuple(Shard(p.dim + lead) if isinstance(p, Shard) else p for p in self.output_placements)
+            if y.device_mesh != self.layout.mesh or tuple(y.placements) != expected:
+                raise PlanError(
+                    f"inverse input: placements {y.placements} on {y.device_mesh}, expected {expected} on "
+                    f"{self.layout.mesh}"
+                )
+            x = self._execute(y.to_local(), inverse=True)
+            placements = tuple(Shard(p.dim + lead) if isinstance(p, Shard) else p for p in self.layout.placements)
+            return to_dtensor(x, y.device_mesh, placements, (*y.shape[:lead], *self.global_shape))
+        return self._execute(y, inverse=True)

@@ -5,10 +5,10 @@ spectrum at the retained frequencies ``S = S1 x ... x Sd`` is one matrix product
 
     X_p = B_1 ... B_d x_p,    B_i[k, j] = exp(-2 pi i S_i[k] (o_i + j) / N_i),
 
-and the spectrum is the sum of the partial spectra over ranks: one all-reduce (or a reduce-scatter
-when every rank keeps only its share of the modes) whose payload is the number of retained modes,
-whatever the grid extents. The inverse applies the adjoint bases to the retained spectrum and needs
-no communication once every rank holds it.
+and the spectrum is the sum of the partial spectra over ranks: an all-reduce, or a reduce-scatter
+when every rank keeps only its share of the modes (a chunk of the first mode dim), whose payload is
+the number of retained modes, whatever the grid extents. The inverse applies the adjoint bases to the
+retained spectrum and needs no communication once every rank holds it.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate
 
 from drift import comm
-from drift._plan import Workspace, check_input, complex_dtype, resolve_device
-from drift.decomposition import block_slice, check_grid, local_slices
+from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
+from drift.errors import PlanError
+from drift.layout import Layout, dtensor_layout, full_placements, to_dtensor
 
 _NORMS = ("backward", "ortho", "forward")
 WORK_BYTES = 64 * 2**20  # the bound on a chunk's intermediates in passes autograd does not record
@@ -95,7 +97,7 @@ def contraction_flops(order: Sequence[int], local: Sequence[int], kept: Sequence
     sizes = list(local)
     total = 0
     for step, dim in enumerate(order):
-        rest = math.prod(sizes) // sizes[dim]
+        rest = math.prod(sizes[:dim] + sizes[dim + 1 :])
         total += _stage_flops(rest, sizes[dim], kept[dim], real and step == 0)
         sizes[dim] = kept[dim]
     return total
@@ -111,26 +113,31 @@ def best_order(local: Sequence[int], kept: Sequence[int], real: bool) -> tuple[t
 
 @dataclass(frozen=True)
 class _Stage:
-    """One per-dim gemm. ``right``: the dim is innermost in memory and the tensor is viewed (A, n) and
-    multiplied on the right; otherwise it is viewed (A, n, B) and the matrix multiplies on the left.
-    ``kind``: "complex", "real_in" (real input, complex output) or "real_out" (complex input, real
-    output, the real part only)."""
+    """One per-dim gemm with the matrix in buffer ``name``. ``right``: the dim is innermost in memory and
+    the tensor is viewed (A, n) and multiplied on the right; otherwise it is viewed (A, n, B) and the
+    matrix multiplies on the left. ``kind``: "complex", "real_in" (real input, complex output) or
+    "real_out" (complex input, real output, the real part only)."""
 
     dim: int
-    matrix: torch.Tensor
+    name: str
     right: bool
     kind: str
     out: int
 
 
 def _apply(
-    t: torch.Tensor, stage: _Stage, work: Workspace | None, key: tuple, out: torch.Tensor | None = None
+    t: torch.Tensor,
+    stage: _Stage,
+    matrix: torch.Tensor,
+    work: Workspace | None,
+    key: tuple,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work`` when it is given, and
     the result into ``out`` when that is given (a contiguous tensor of the result's shape)."""
 
     def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-        return None if work is None else work.get((*key, role), shape, dtype)
+        return None if work is None else work.get((*key, role), shape, dtype, t.device)
 
     shape = t.shape
     pos = stage.dim + 1
@@ -141,7 +148,7 @@ def _apply(
             t = torch.view_as_real(t).reshape(lead, 2 * n)
         else:
             t = t.reshape(lead, n, rest)
-            parts = buffer("parts", (lead, 2 * n, rest), stage.matrix.dtype)
+            parts = buffer("parts", (lead, 2 * n, rest), matrix.dtype)
             t = torch.cat((t.real, t.imag), dim=1, out=parts)
     elif stage.right:
         t = t.reshape(lead, n)
@@ -153,7 +160,7 @@ def _apply(
         target = out.view(gemm_shape)
     else:
         target = buffer("gemm", gemm_shape, t.dtype)
-    result = torch.matmul(t, stage.matrix, out=target) if stage.right else torch.matmul(stage.matrix, t, out=target)
+    result = torch.matmul(t, matrix, out=target) if stage.right else torch.matmul(matrix, t, out=target)
     if stage.kind == "real_in":
         k = stage.out
         if stage.right:
@@ -166,73 +173,97 @@ def _apply(
     return result.view(new_shape)
 
 
-class TruncatedFFT:
-    """A resident plan for the retained Fourier modes of a field sharded over a process grid.
+class TruncatedFFT(ComplexModule):
+    """A resident plan for the retained Fourier modes of a field sharded over a DeviceMesh.
 
     Args:
         global_shape: extents ``(N1, ..., Nd)`` of the transformed (last d) dims.
         modes: per dim an int k or an explicit sequence of frequency indices (see ``mode_indices``);
             a bare int applies to every dim.
-        grid: ranks per dim, ``(P1, ..., Pd)``, product the group size; blocks as ``local_slices``.
+        mesh: a ``DeviceMesh`` (any number of dims), or None for one device.
+        placements: one per mesh dim, as for a DTensor of shape ``global_shape`` (``Shard(i)`` splits
+            transformed dim i in ``torch.chunk`` blocks; see ``drift.Layout``). Default: all Replicate.
         real: real input and ``rfftn`` semantics (half spectrum on the last dim), else complex ``fftn``.
         dtype: the real precision, ``torch.float32`` or ``torch.float64``. A real plan takes real input
-            of that dtype, a complex plan complex input of the matching complex dtype.
+            of that dtype, a complex plan complex input of the matching complex dtype. ``.to()``,
+            ``.double()`` and ``.float()`` convert the plan (its bases are non-persistent buffers).
         device: where the bases live and where inputs must be.
-        group: the process group (default: the default group, or one rank without one).
         norm: "backward", "ortho" or "forward", as in ``torch.fft``.
         strict: if False, inputs of another floating dtype or device are converted to the plan's;
             a wrong local shape is an error either way.
 
-    Attributes: ``modes`` (kept indices per dim), ``mode_shape`` ``(K1, ..., Kd)``, ``num_modes`` M,
-    ``local_shape``, ``local_slices``, ``order`` (dims in contraction order, FLOP-optimal),
-    ``flops`` (real FLOPs of the local forward for one field; the inverse costs the same).
+    Inputs are this rank's block (a plain tensor ``(*batch, *layout.local_shape)``) or a DTensor of the
+    global field with the plan's mesh and placements (outputs are then DTensors too).
+
+    Attributes: ``layout`` (a ``drift.Layout``), ``modes`` (kept indices per dim), ``mode_shape``
+    ``(K1, ..., Kd)``, ``num_modes`` M, ``local_shape``, ``local_slices``, ``order`` (dims in
+    contraction order, FLOP-optimal), ``flops`` (real FLOPs of the local forward for one field; the
+    inverse costs the same).
     """
 
     def __init__(
         self,
         global_shape: Sequence[int],
         modes: ModeSpec | Sequence[ModeSpec],
-        grid: Sequence[int],
+        mesh=None,
+        placements: Sequence | None = None,
         *,
         real: bool = True,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
-        group=None,
         norm: str = "backward",
         strict: bool = True,
     ) -> None:
-        self.complex_dtype = complex_dtype(dtype)
+        super().__init__()
+        cdtype = complex_dtype(dtype)
         if norm not in _NORMS:
             raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
-        self.global_shape = tuple(int(n) for n in global_shape)
-        d = len(self.global_shape)
-        if d == 0:
-            raise ValueError("global_shape must have at least one dim")
-        self.group = group
-        self.world_size = comm.world_size(group)
-        self.rank = comm.rank(group)
-        self.grid = check_grid(self.global_shape, grid, self.world_size)
+        self.layout = Layout(global_shape, mesh, placements)
+        self.global_shape = self.layout.global_shape
         self.modes = mode_lists(modes, self.global_shape, real)
         self.real = real
-        self.dtype = dtype
-        self.device = resolve_device(device)
         self.norm = norm
         self.strict = strict
         self.mode_shape = tuple(len(m) for m in self.modes)
         self.num_modes = math.prod(self.mode_shape)
-        self.local_slices = local_slices(self.global_shape, self.grid, self.rank)
-        self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
+        self.local_slices = self.layout.local_slices
+        self.local_shape = self.layout.local_shape
         self.order, self.flops = best_order(self.local_shape, self.mode_shape, real)
-        self._forward_stages = self._build_forward()
-        self._inverse_stages = self._build_inverse()
-        self._workspace = Workspace(self.device)
+        device = resolve_device(device)
+        self._forward_stages = self._build_forward(dtype, cdtype, device)
+        self._inverse_stages = self._build_inverse(dtype, cdtype, device)
+        self._workspace = Workspace()
         self.work_bytes = WORK_BYTES
 
-    def __repr__(self) -> str:
+    @property
+    def dtype(self) -> torch.dtype:
+        """The real precision the plan computes in."""
+        return real_dtype(getattr(self, self._forward_stages[0].name).dtype)
+
+    @property
+    def complex_dtype(self) -> torch.dtype:
+        return complex_dtype(self.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return getattr(self, self._forward_stages[0].name).device
+
+    def extra_repr(self) -> str:
         return (
-            f"TruncatedFFT(global_shape={self.global_shape}, mode_shape={self.mode_shape}, grid={self.grid}, "
-            f"rank={self.rank}, real={self.real}, dtype={self.dtype}, norm={self.norm!r}, order={self.order})"
+            f"global_shape={self.global_shape}, mode_shape={self.mode_shape}, layout={self.layout.placements}, "
+            f"real={self.real}, dtype={self.dtype}, norm={self.norm!r}, order={self.order}"
         )
+
+    def _apply(self, fn, recurse=True):
+        """After a conversion the bases are rebuilt from float64 in the new precision and place, so a
+        plan made in float32 and converted by ``.double()`` is exact in float64."""
+        self._workspace.clear()
+        super()._apply(fn, recurse)
+        dtype, device = self.dtype, self.device
+        if dtype in (torch.float32, torch.float64):
+            self._forward_stages = self._build_forward(dtype, complex_dtype(dtype), device)
+            self._inverse_stages = self._build_inverse(dtype, complex_dtype(dtype), device)
+        return self
 
     def _basis(self, dim: int) -> torch.Tensor:
         """B_dim[k, j] = exp(-2 pi i f_k (o + j) / N) in float64, phases reduced exactly mod N."""
@@ -252,7 +283,11 @@ class TruncatedFFT:
     def _is_innermost(self, dim: int, sizes: Sequence[int]) -> bool:
         return math.prod(sizes[dim + 1 :]) == 1
 
-    def _build_forward(self) -> tuple[_Stage, ...]:
+    def _stage(self, name: str, dim: int, m: torch.Tensor, right: bool, kind: str, out: int, device) -> _Stage:
+        self.register_buffer(name, m.contiguous().to(device), persistent=False)
+        return _Stage(dim, name, right, kind, out)
+
+    def _build_forward(self, dtype, cdtype, device) -> tuple[_Stage, ...]:
         stages = []
         sizes = list(self.local_shape)
         for step, dim in enumerate(self.order):
@@ -263,15 +298,15 @@ class TruncatedFFT:
                 kind = "real_in"
                 # right: (n, 2k) with real and imaginary columns interleaved; left: (2k, n) stacked.
                 m = torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k) if right else torch.cat((b.real, b.imag))
-                m = m.to(self.dtype)
+                m = m.to(dtype)
             else:
                 kind = "complex"
-                m = (b.T if right else b).to(self.complex_dtype)
-            stages.append(_Stage(dim, m.contiguous().to(self.device), right, kind, k))
+                m = (b.T if right else b).to(cdtype)
+            stages.append(self._stage(f"forward_basis_{step}", dim, m, right, kind, k, device))
             sizes[dim] = k
         return tuple(stages)
 
-    def _build_inverse(self) -> tuple[_Stage, ...]:
+    def _build_inverse(self, dtype, cdtype, device) -> tuple[_Stage, ...]:
         stages = []
         sizes = list(self.mode_shape)
         d = len(self.global_shape)
@@ -289,11 +324,11 @@ class TruncatedFFT:
                     if right
                     else torch.cat((e.real, -e.imag), dim=1)
                 )
-                m = m.to(self.dtype)
+                m = m.to(dtype)
             else:
                 kind = "complex"
-                m = (e.T if right else e).to(self.complex_dtype)
-            stages.append(_Stage(dim, m.contiguous().to(self.device), right, kind, n))
+                m = (e.T if right else e).to(cdtype)
+            stages.append(self._stage(f"inverse_basis_{step}", dim, m, right, kind, n, device))
             sizes[dim] = n
         return tuple(stages)
 
@@ -302,13 +337,21 @@ class TruncatedFFT:
         n = self.global_shape[-1]
         return torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in self.modes[-1]], dtype=torch.float64)
 
-    def mode_slice(self, rank: int) -> slice:
-        """The slice of the row-major flattened retained modes that ``rank`` holds when sharded."""
-        return block_slice(self.num_modes, self.world_size, rank)
+    def share_slice(self, coordinate: Sequence[int] | None = None) -> slice:
+        """The slice of the first mode dim (``range(K1)``) a rank holds in the sharded spectrum: K1 in
+        ``torch.chunk`` blocks over each spatial mesh dim in turn (this rank's, or the rank at mesh
+        ``coordinate``)."""
+        return self.layout.share_slice(self.mode_shape[0], coordinate)
+
+    @property
+    def share_shape(self) -> tuple[int, ...]:
+        """This rank's block of the sharded spectrum: ``(k1_local, K2, ..., Kd)``."""
+        s = self.share_slice()
+        return (s.stop - s.start, *self.mode_shape[1:])
 
     def _check(self, t: torch.Tensor, what: str, shape: tuple[int, ...], complex_input: bool) -> torch.Tensor:
         dtype = self.complex_dtype if complex_input else self.dtype
-        return check_input(t, what, self.rank, shape, dtype, self.device, self.strict)
+        return check_input(t, what, comm.rank(), shape, dtype, self.device, self.strict)
 
     def _run(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
         """Apply ``stages`` in turn to ``t`` (``(rows, ...)``).
@@ -317,94 +360,108 @@ class TruncatedFFT:
         whose intermediates fit ``work_bytes``, staged through the plan's resident workspace, and the
         last stage writes each chunk straight into the (fresh) result.
         """
+        matrices = [getattr(self, stage.name) for stage in stages]
         if torch.is_grad_enabled() and t.requires_grad:
-            for stage in stages:
-                t = _apply(t, stage, None, ())
+            for stage, matrix in zip(stages, matrices, strict=True):
+                t = _apply(t, stage, matrix, None, ())
             return t
         sizes, rows = list(t.shape[1:]), t.shape[0]
         widest = math.prod(sizes)
         for stage in stages:
             sizes[stage.dim] = stage.out
-            widest = max(widest, math.prod(sizes))
+            widest = max(widest, math.prod(sizes), 1)
         chunk = max(1, min(rows, self.work_bytes // (4 * widest * self.complex_dtype.itemsize)))
         result_dtype = self.dtype if stages[-1].kind == "real_out" else self.complex_dtype
         result = t.new_empty((rows, *sizes), dtype=result_dtype)
         for start in range(0, rows, chunk):
             piece = t[start : start + chunk]
             for i, stage in enumerate(stages[:-1]):
-                piece = _apply(piece, stage, self._workspace, (name, i))
-            _apply(piece, stages[-1], None, (), out=result[start : start + chunk])
+                piece = _apply(piece, stage, matrices[i], self._workspace, (name, i))
+            _apply(piece, stages[-1], matrices[-1], None, (), out=result[start : start + chunk])
         return result
 
-    def forward(self, x_local: torch.Tensor, out: str = "replicated") -> torch.Tensor:
-        """Retained modes of the global field from this rank's block.
+    def partial_spectrum(self, x_local: torch.Tensor) -> torch.Tensor:
+        """This rank's partial spectrum ``(*batch, K1, ..., Kd)`` (complex): the retained modes of its
+        block alone, before the sum over ranks. No communication."""
+        x_local = self._check(x_local, "forward input", self.local_shape, complex_input=not self.real)
+        batch = x_local.shape[: x_local.dim() - len(self.global_shape)]
+        spec = self._run(self._forward_stages, x_local.reshape(math.prod(batch), *self.local_shape), "forward")
+        return spec.view(*batch, *self.mode_shape)
+
+    def forward(self, x: torch.Tensor, sharded: bool = False) -> torch.Tensor:
+        """Retained modes of the global field.
 
         Args:
-            x_local: ``(*batch, n1_loc, ..., nd_loc)``, real for a real plan, complex otherwise.
-            out: "replicated": ``(*batch, K1, ..., Kd)`` complex, the same on every rank (all-reduce).
-                "sharded": ``(*batch, M_p)``, this rank's share ``mode_slice(rank)`` of the row-major
-                flattened modes (reduce-scatter: half the bytes of an all-reduce).
+            x: this rank's block ``(*batch, n1_loc, ..., nd_loc)`` (real for a real plan, complex
+                otherwise), or a DTensor of the global field ``(*batch, N1, ..., Nd)``.
+            sharded: False: ``(*batch, K1, ..., Kd)`` complex, the same on every rank (an all-reduce;
+                a DTensor input gives a Replicate DTensor). True: ``(*batch, *share_shape)``, this
+                rank's chunk ``share_slice()`` of the first mode dim (a reduce-scatter per spatial mesh
+                dim: half the bytes of an all-reduce; a DTensor input gives one sharded on that dim).
         """
-        if out not in ("replicated", "sharded"):
-            raise ValueError(f"out must be 'replicated' or 'sharded', got {out!r}")
-        x_local = self._check(x_local, "forward input", self.local_shape, complex_input=not self.real)
-        d = len(self.global_shape)
-        batch = x_local.shape[: x_local.dim() - d]
-        spec = self._run(self._forward_stages, x_local.reshape(-1, *self.local_shape), "forward")
-        if out == "replicated":
-            return comm.all_reduce(spec, group=self.group).view(*batch, *self.mode_shape)
-        shares = comm.reduce_scatter(self._pad_shares(spec.reshape(-1, self.num_modes)), group=self.group)
-        mine = self._share_size(self.rank)
-        return shares[:, :mine].reshape(*batch, mine)
+        if isinstance(x, DTensor):
+            return self._forward_dtensor(x, sharded)
+        spec = self.partial_spectrum(x)
+        if not sharded:
+            return self.layout.all_reduce(spec)
+        batch = spec.shape[: spec.dim() - len(self.mode_shape)]
+        share = self.layout.reduce_scatter_shares(spec.reshape(math.prod(batch), *self.mode_shape))
+        return share.view(*batch, *share.shape[1:])
 
-    def inverse(self, xhat: torch.Tensor, inp: str = "replicated") -> torch.Tensor:
+    def inverse(self, xhat: torch.Tensor, sharded: bool = False) -> torch.Tensor:
         """This rank's block of the inverse transform of the zero-filled spectrum.
 
         Args:
-            xhat: "replicated": ``(*batch, K1, ..., Kd)`` complex, the same on every rank (no
-                communication). "sharded": ``(*batch, M_p)`` shares as ``forward(out="sharded")``
-                returns them, all-gathered first.
-        Returns ``(*batch, n1_loc, ..., nd_loc)``: real (``irfftn`` semantics) for a real plan, else complex.
-        A replicated ``xhat`` gets this rank's contribution as its gradient: the full gradient is the
-        sum over ranks (which the all-reduce of a preceding ``forward`` performs).
+            xhat: ``sharded=False``: ``(*batch, K1, ..., Kd)`` complex, the same on every rank (no
+                communication). ``sharded=True``: ``(*batch, *share_shape)`` shares as
+                ``forward(x, sharded=True)`` returns them, all-gathered first. Or a DTensor of the
+                spectrum (Replicate, or sharded on the first mode dim as ``forward`` returns it).
+        Returns ``(*batch, n1_loc, ..., nd_loc)``: real (``irfftn`` semantics) for a real plan, else
+        complex; a DTensor of the global field for a DTensor input. A replicated plain ``xhat`` gets
+        this rank's contribution as its gradient: the full gradient is the sum over ranks (which the
+        all-reduce of a preceding ``forward`` performs).
         """
-        if inp == "replicated":
+        if isinstance(xhat, DTensor):
+            return self._inverse_dtensor(xhat, sharded)
+        if sharded:
+            xhat = self._check(xhat, "sharded inverse input", self.share_shape, complex_input=True)
+            batch = xhat.shape[: xhat.dim() - len(self.mode_shape)]
+            spec = self.layout.all_gather_shares(xhat.reshape(math.prod(batch), *self.share_shape), self.mode_shape[0])
+        else:
             xhat = self._check(xhat, "inverse input", self.mode_shape, complex_input=True)
             batch = xhat.shape[: xhat.dim() - len(self.mode_shape)]
-            spec = xhat.reshape(-1, *self.mode_shape)
-        elif inp == "sharded":
-            mine = self._share_size(self.rank)
-            xhat = self._check(xhat, "sharded inverse input", (mine,), complex_input=True)
-            batch = xhat.shape[:-1]
-            padded = self._pad_share(xhat.reshape(math.prod(batch), mine))
-            spec = self._unpad_shares(comm.all_gather(padded, group=self.group)).view(-1, *self.mode_shape)
-        else:
-            raise ValueError(f"inp must be 'replicated' or 'sharded', got {inp!r}")
+            spec = xhat.reshape(math.prod(batch), *self.mode_shape)
         return self._run(self._inverse_stages, spec, "inverse").view(*batch, *self.local_shape)
 
-    __call__ = forward
+    def _dtensor_lead(self, x: DTensor, what: str) -> int:
+        layout, _ = dtensor_layout(x, len(self.global_shape), batch_axes_ok=False)
+        if layout != self.layout:
+            raise PlanError(f"{what}: a DTensor laid out as {layout} does not match the plan's {self.layout}")
+        return x.dim() - len(self.global_shape)
 
-    def _share_size(self, rank: int) -> int:
-        s = self.mode_slice(rank)
-        return s.stop - s.start
+    def _forward_dtensor(self, x: DTensor, sharded: bool) -> DTensor:
+        lead = self._dtensor_lead(x, "forward input")
+        shape = (*x.shape[:lead], *self.mode_shape)
+        if sharded:
+            share = self.forward(x.to_local(), sharded=True)
+            return to_dtensor(share, x.device_mesh, self.layout.share_placements(lead), shape)
+        # DTensor's convention: a Replicate result's gradient is already whole on every rank.
+        spec = self.layout.all_reduce(self.partial_spectrum(x.to_local()), replicated_grad=True)
+        return to_dtensor(spec, x.device_mesh, (Replicate(),) * x.device_mesh.ndim, shape)
 
-    @property
-    def _padded_share(self) -> int:
-        return -(-self.num_modes // self.world_size)
-
-    def _pad_shares(self, spec: torch.Tensor) -> torch.Tensor:
-        """(b, M) -> (P * b, c): rank q's share in rows [q b, (q + 1) b), zero-padded to c columns."""
-        b = spec.shape[0]
-        send = spec.new_zeros(self.world_size, b, self._padded_share)
-        for q in range(self.world_size):
-            s = self.mode_slice(q)
-            send[q, :, : s.stop - s.start] = spec[:, s]
-        return send.view(self.world_size * b, -1)
-
-    def _pad_share(self, share: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(share, (0, self._padded_share - share.shape[-1]))
-
-    def _unpad_shares(self, gathered: torch.Tensor) -> torch.Tensor:
-        """(P * b, c) -> (b, M), the inverse of ``_pad_shares``."""
-        blocks = gathered.view(self.world_size, -1, self._padded_share)
-        return torch.cat([blocks[q, :, : self._share_size(q)] for q in range(self.world_size)], dim=1)
+    def _inverse_dtensor(self, xhat: DTensor, sharded: bool) -> DTensor:
+        lead = xhat.dim() - len(self.mode_shape)
+        if xhat.device_mesh != self.layout.mesh or tuple(xhat.shape[lead:]) != self.mode_shape:
+            raise PlanError(
+                f"inverse input: a DTensor of shape {tuple(xhat.shape)} on {xhat.device_mesh} does not match the "
+                f"plan's modes {self.mode_shape} on {self.layout.mesh}"
+            )
+        expected = self.layout.share_placements(lead) if sharded else (Replicate(),) * xhat.device_mesh.ndim
+        if tuple(xhat.placements) != expected:
+            raise PlanError(f"inverse input: placements {xhat.placements}, expected {expected} (sharded={sharded})")
+        local = xhat.to_local()
+        if not sharded:
+            local = self.layout.replicate(local)
+        y = self.inverse(local, sharded=sharded)
+        shape = (*xhat.shape[:lead], *self.global_shape)
+        return to_dtensor(y, xhat.device_mesh, full_placements(self.layout, lead), shape)

@@ -1,56 +1,72 @@
-"""Distributed spectral convolutions built from one global weight: DRIFT, DFNO and pruned DFNO.
+"""FNO spectral convolutions, single-device or distributed: DRIFT, DFNO and pruned DFNO.
 
 All three compute, on every rank's block, the single-device FNO spectral convolution
 
-    y = irfftn(zero_fill(einsum("bi...,io...->bo...", rfftn(x)[modes], W)), s=global_shape)
+    y = irfftn(zero_fill(einsum("bi...,io...->bo...", rfftn(x)[modes], W)), s=x.shape[2:])
 
-(fftn / ifftn for complex fields) with the same global weight ``W`` of shape ``(in, out, K1, ..., Kd)``
-over the retained modes in ``TruncatedFFT``'s order. They differ in how the spectrum is reached and
-which share of ``W`` each rank stores:
+(fftn / ifftn for complex fields) with the weight ``W`` of shape ``(in, out, K1, ..., Kd)`` over the
+retained modes, per dim ``0..k-1`` then ``-k..-1`` (``0..k-1`` on the last dim of a real layer). The
+resolution comes from the input: a plan is built for each global shape the layer meets and kept in a
+small cache. Built on one device the layer is an ordinary module; ``drift.nn.parallelize`` makes it
+distributed, and the methods differ in how the spectrum is reached and which share of ``W`` a rank
+stores (its ``weight`` is then a DTensor):
 
 - "drift": a ``TruncatedFFT`` (partial DFTs, one reduce-scatter, one all-gather; the payload depends
-  only on the number of modes); each rank holds a contiguous slice of the flattened modes.
-- "dfno": Grady et al.'s baseline: a full ``DistributedFFT`` whose transposes move the whole field,
-  truncation inside each rank's spectral block; each rank holds the modes its block contains.
+  only on the number of modes); ``W`` is sharded on K1 (``Shard(2)`` on every spatial mesh dim).
 - "dfno-pruned": a ``DistributedFFT`` with ``modes``: each local transform is truncated before the
-  next transpose, so only kept modes move; each rank holds its block of the mode grid.
+  next transpose, so only kept modes move; ``W`` is sharded as the mode grid's blocks.
+- "dfno": Grady et al.'s baseline, a full ``DistributedFFT`` whose transposes move the whole field and
+  truncation inside each rank's spectral block. Its blocks hold kept modes in no ``torch.chunk``
+  pattern, so ``W`` is replicated (each rank uses its modes; the gradient is summed over ranks).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from drift import comm
-from drift._plan import complex_dtype
+from drift._plan import ComplexModule, complex_dtype, real_dtype
+from drift.errors import PlanError
 from drift.fft import DistributedFFT
+from drift.layout import Layout, dtensor_layout, to_dtensor
 from drift.profiling import phase
 from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
 
 METHODS = ("drift", "dfno", "dfno-pruned")
+MAX_PLANS = 4  # plans kept per layer (resolutions and layouts met most recently)
+
+
+def mode_counts(modes: Sequence[ModeSpec], real: bool) -> tuple[int, ...]:
+    """``(K1, ..., Kd)``: retained modes per dim for per-dim specs (an int k keeps 2k, or k on the
+    last dim of a real layer; a list keeps its entries), whatever the resolution."""
+    if isinstance(modes, int) or not isinstance(modes, Sequence) or not 1 <= len(modes) <= 4:
+        raise ValueError(f"modes needs one entry per spatial dim (1 to 4 dims), got {modes!r}")
+    counts = []
+    for dim, spec in enumerate(modes):
+        if isinstance(spec, bool) or not isinstance(spec, int | Sequence):
+            raise ValueError(f"modes on dim {dim} must be an int or a sequence of ints, got {spec!r}")
+        if isinstance(spec, int):
+            if spec < 1:
+                raise ValueError(f"modes on dim {dim}: k = {spec} must be at least 1")
+            counts.append(spec if real and dim == len(modes) - 1 else 2 * spec)
+        else:
+            if len(spec) == 0:
+                raise ValueError(f"modes on dim {dim}: the index list is empty")
+            counts.append(len(spec))
+    return tuple(counts)
 
 
 def spectral_weight(
-    in_channels: int, out_channels: int, mode_shape: Sequence[int], seed: int, dtype: torch.dtype = torch.float32
+    in_channels: int, out_channels: int, mode_shape: Sequence[int], dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """Li et al.'s initial spectral weight: ``1 / (in * out)`` times uniform [0, 1) real and imaginary
-    parts, ``(in, out, *mode_shape)`` complex, drawn on the CPU from ``seed`` (the same on every rank)."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.rand((in_channels, out_channels, *mode_shape), generator=g, dtype=complex_dtype(dtype))
+    parts, ``(in, out, *mode_shape)`` complex, drawn on the CPU from torch's default generator."""
+    w = torch.rand((in_channels, out_channels, *mode_shape), dtype=complex_dtype(dtype))
     return w / (in_channels * out_channels)
-
-
-def shared_seed(seed: int | None, group=None) -> int:
-    """``seed``, or one drawn from rank 0's generator and shared with every rank when it is None."""
-    if seed is not None:
-        return int(seed)
-    drawn = torch.randint(0, 2**62, (1,), dtype=torch.int64)
-    if comm.world_size(group) > 1:
-        drawn = comm.broadcast(drawn, src=0, group=group)
-    return int(drawn)
 
 
 def mix_channels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -65,164 +81,220 @@ def mix_channels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return y
 
 
-class SpectralConv(nn.Module):
-    """A distributed FNO spectral convolution on ``(batch, in_channels, n1_loc, ..., nd_loc)`` blocks.
+def _plan_key(layout: Layout) -> str:
+    shape = "x".join(map(str, layout.global_shape))
+    return shape + "_" + "".join("r" if a is None else f"m{a}" for a in layout.axes)
+
+
+class SpectralConv(ComplexModule):
+    """An FNO spectral convolution on ``(batch, in_channels, *spatial)`` fields of any resolution.
 
     Args:
         in_channels, out_channels: channel counts.
-        global_shape: the global spatial extents ``(N1, ..., Nd)``, d from 1 to 4 (3D+time: d = 4).
-        modes: retained modes per dim, as for ``TruncatedFFT`` (Li et al.'s k, or explicit indices).
-        grid: ranks per spatial dim (the dfno methods need one dim whole).
-        method: "drift", "dfno" or "dfno-pruned" (see the module docstring).
+        modes: retained modes per spatial dim (1 to 4 dims): Li et al.'s k, or explicit frequency lists
+            (see ``drift.truncated.mode_indices``); every extent must hold them.
+        method: "drift", "dfno" or "dfno-pruned" (the module docstring); they compute the same function.
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
-        group, dtype, device: as for the plans.
-        seed: the weight's seed; the same seed gives the same global weight for every method and grid.
+        dtype, device: the weight's real precision (float32 or float64) and device.
 
-    ``weight`` is this rank's share of the global weight (a complex Parameter): partitioned over
-    ranks, its gradient needs no reduction.
+    ``weight``: ``(in, out, K1, ..., Kd)`` complex, initialised as Li et al. from torch's default
+    generator. Input and output are plain tensors on one device, or DTensors once the layer (or its
+    model) is parallelized by ``drift.nn.parallelize``. Under ``torch.autocast`` the transform and the
+    channel mixing run in the weight's precision (float32 / complex64) and return it.
     """
 
     def __init__(
         self,
         in_channels: int,
         out_channels: int,
-        global_shape: Sequence[int],
-        modes: ModeSpec | Sequence[ModeSpec],
-        grid: Sequence[int],
+        modes: Sequence[ModeSpec],
         *,
         method: str = "drift",
         real: bool = True,
-        group=None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
-        seed: int | None = None,
     ) -> None:
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if not 1 <= len(global_shape) <= 4:
-            raise ValueError(f"SpectralConv supports 1 to 4 spatial dims, got global_shape {tuple(global_shape)}")
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"channel counts must be positive, got {in_channels} and {out_channels}")
         self.in_channels, self.out_channels, self.method, self.real = in_channels, out_channels, method, real
-        self.global_shape = tuple(int(n) for n in global_shape)
-        self.group = group
-        self.modes = mode_lists(modes, self.global_shape, real)
-        self.mode_shape = tuple(len(m) for m in self.modes)
-        kind = "r2c" if real else "c2c"
-        common = dict(dtype=dtype, device=device, group=group)
-        if method == "drift":
-            self.plan = TruncatedFFT(self.global_shape, self.modes, grid, real=real, **common)
-        elif method == "dfno":
-            self.plan = DistributedFFT(self.global_shape, grid, kind=kind, **common)
-        else:
-            self.plan = DistributedFFT(self.global_shape, grid, kind=kind, modes=self.modes, **common)
-        self.rank, self.world_size = self.plan.rank, self.plan.world_size
-        self._shares = [self._share_index(r) for r in range(self.world_size)]
-        if method == "dfno":
-            # Where this rank's kept modes sit in its spectral block (a Cartesian sub-block).
-            offsets = [[offset for _, offset in dim] for dim in self._modes_in_block(self.rank)]
-            positions = [torch.tensor(o, dtype=torch.int64, device=self.plan.device) for o in offsets]
-            self._block_index = torch.meshgrid(*positions, indexing="ij")
-        w = spectral_weight(in_channels, out_channels, self.mode_shape, shared_seed(seed, group), dtype)
-        self.weight = nn.Parameter(self.share_of(w.to(self.plan.device)))
+        self.mode_shape = mode_counts(modes, real)
+        self.mode_spec = tuple(m if isinstance(m, int) else tuple(m) for m in modes)
+        w = spectral_weight(in_channels, out_channels, self.mode_shape, dtype)
+        self.weight = nn.Parameter(w.to(device))
+        self.mesh = None
+        self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
+        self.data_axes: tuple[int, ...] = ()
+        self.plans = nn.ModuleDict()
+        self._dfno_index: dict[str, tuple] = {}
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.in_channels}, {self.out_channels}, global_shape={self.global_shape}, "
-            f"mode_shape={self.mode_shape}, method={self.method!r}, rank={self.rank}/{self.world_size}"
-        )
+        where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
+        return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
 
-    def _modes_in_block(self, rank: int) -> list[list[tuple[int, int]]]:
-        """dfno: per dim, the kept modes inside ``rank``'s spectral block as (position in the mode list,
-        offset in the block)."""
-        block = self.plan.output_slices(rank)
-        return [
-            [(p, f - s.start) for p, f in enumerate(m) if s.start <= f < s.stop]
-            for m, s in zip(self.modes, block, strict=True)
-        ]
+    @property
+    def ndim(self) -> int:
+        """The number of spatial dims."""
+        return len(self.mode_shape)
 
-    def _share_index(self, rank: int) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """Rank ``rank``'s share: flat indices into the row-major modes, in storage order, and its shape."""
+    def modes_at(self, global_shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """The retained frequency indices per dim at a resolution (ValueError if they do not fit)."""
+        return mode_lists(self.mode_spec, tuple(global_shape), self.real)
+
+    # Plans, one per layout met.
+
+    def plan(self, layout: Layout) -> nn.Module:
+        """The plan for ``layout`` (built on first use, resident after; at most ``MAX_PLANS`` kept)."""
+        key = _plan_key(layout)
+        plan = self.plans[key] if key in self.plans else None
+        if plan is None:
+            plan = self._build_plan(layout)
+            if len(self.plans) >= MAX_PLANS:
+                oldest = next(iter(self.plans.keys()))
+                del self.plans[oldest]
+                self._dfno_index.pop(oldest, None)
+            self.plans[key] = plan
+        return plan
+
+    def _build_plan(self, layout: Layout) -> nn.Module:
+        try:
+            modes = self.modes_at(layout.global_shape)
+        except ValueError as exc:
+            raise PlanError(f"{type(self).__name__} at resolution {layout.global_shape}: {exc}") from None
+        common = dict(dtype=self._precision(), device=self.weight.device)
+        where = (layout.global_shape, layout.mesh, layout.placements)
         if self.method == "drift":
-            s = self.plan.mode_slice(rank)
-            return torch.arange(s.start, s.stop), (s.stop - s.start,)
-        if self.method == "dfno":
-            per_dim = [[p for p, _ in dim] for dim in self._modes_in_block(rank)]
-        else:
-            per_dim = [list(range(s.start, s.stop)) for s in self.plan.output_slices(rank)]
-        shape = tuple(len(p) for p in per_dim)
-        flat = torch.zeros(shape, dtype=torch.int64)
-        for dim, p in enumerate(per_dim):
-            stride = math.prod(self.mode_shape[dim + 1 :])
-            view = [1] * len(shape)
-            view[dim] = len(p)
-            flat = flat + torch.tensor(p, dtype=torch.int64).view(view) * stride
-        return flat.reshape(-1), shape
+            return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, **common)
+        kind = "r2c" if self.real else "c2c"
+        if self.method == "dfno-pruned":
+            plan = DistributedFFT(*where, kind=kind, modes=modes, **common)
+            expected = self._weight_placements(plan)
+            if isinstance(self.weight, DTensor) and tuple(self.weight.placements) != expected:
+                raise PlanError(
+                    f"dfno-pruned at resolution {layout.global_shape} places the modes as {expected}, the weight is "
+                    f"sharded as {tuple(self.weight.placements)}: parallelize for this resolution"
+                )
+            return plan
+        plan = DistributedFFT(*where, kind=kind, **common)
+        block = plan.output_slices()
+        positions, offsets = [], []
+        for kept, s in zip(modes, block, strict=True):
+            inside = [(p, f - s.start) for p, f in enumerate(kept) if s.start <= f < s.stop]
+            positions.append(torch.tensor([p for p, _ in inside], dtype=torch.int64))
+            offsets.append(torch.tensor([o for _, o in inside], dtype=torch.int64))
+        grid = (torch.meshgrid(*positions, indexing="ij"), torch.meshgrid(*offsets, indexing="ij"))
+        self._dfno_index[_plan_key(layout)] = grid
+        return plan
 
-    def share_of(self, w: torch.Tensor) -> torch.Tensor:
-        """This rank's share of a full ``(in, out, K1, ..., Kd)`` tensor (the weight, a gradient, an
-        optimiser moment), shaped like ``weight``."""
-        index, shape = self._shares[self.rank]
-        flat = w.reshape(self.in_channels, self.out_channels, -1)
-        return flat[:, :, index.to(w.device)].reshape(self.in_channels, self.out_channels, *shape)
-
-    @torch.no_grad()
-    def load_global_weight(self, w: torch.Tensor) -> None:
-        """Set this rank's share from the full weight ``(in, out, K1, ..., Kd)``, given on every rank."""
-        expected = (self.in_channels, self.out_channels, *self.mode_shape)
-        if tuple(w.shape) != expected or w.dtype != self.weight.dtype:
-            raise ValueError(
-                f"global weight must be {self.weight.dtype} of shape {expected}, "
-                f"got {w.dtype} of shape {tuple(w.shape)}"
+    def _precision(self) -> torch.dtype:
+        dtype = real_dtype(self.weight.dtype)
+        if dtype not in (torch.float32, torch.float64):
+            raise PlanError(
+                f"{type(self).__name__}: a {self.weight.dtype} weight is not supported (torch has no complex "
+                "half-precision FFT or matmul on every backend): keep the parameters in float32 and use "
+                "torch.autocast for mixed precision"
             )
-        self.weight.copy_(self.share_of(w.to(self.weight.device)))
+        return dtype
 
-    @torch.no_grad()
-    def gather_shares(self, share: torch.Tensor) -> torch.Tensor:
-        """The full ``(in, out, K1, ..., Kd)`` tensor on every rank from every rank's ``share`` (a tensor
-        shaped like ``weight``, e.g. the weight itself or its gradient); one all-gather."""
-        io = self.in_channels * self.out_channels
-        flat = share.new_zeros(io, math.prod(self.mode_shape))
-        if self.world_size == 1:
-            flat[:, self._shares[0][0].to(flat.device)] = share.reshape(io, -1)
-            return flat.view(self.in_channels, self.out_channels, *self.mode_shape)
-        width = max(len(index) for index, _ in self._shares)
-        mine = share.new_zeros(io, width)
-        mine[:, : share[0, 0].numel()] = share.reshape(io, -1)
-        every = comm.all_gather(mine.unsqueeze(0), group=self.group)
-        for r, (index, _) in enumerate(self._shares):
-            flat[:, index.to(flat.device)] = every[r, :, : len(index)]
-        return flat.view(self.in_channels, self.out_channels, *self.mode_shape)
+    def _weight_placements(self, plan: DistributedFFT) -> tuple:
+        """dfno-pruned: the weight's placements, the mode grid's blocks as the plan's output has them."""
+        out = []
+        for axis, p in enumerate(plan.output_placements):
+            out.append(Replicate() if axis in self.data_axes or not isinstance(p, Shard) else Shard(p.dim + 2))
+        return tuple(out)
 
-    def global_weight(self) -> torch.Tensor:
-        """The full weight ``(in, out, K1, ..., Kd)`` on every rank (one all-gather)."""
-        return self.gather_shares(self.weight.detach())
+    # Forward.
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: ``(batch, in_channels, n1_loc, ..., nd_loc)``; returns ``(batch, out_channels, ...)``."""
-        if x.dim() != 2 + len(self.global_shape) or x.shape[1] != self.in_channels:
+        """``x``: ``(batch, in_channels, *spatial)``, a plain tensor on one device or a DTensor laid out
+        as the layer was parallelized for; returns ``(batch, out_channels, *spatial)`` alike."""
+        layout, local = self.input_layout(x)
+        y = self.forward_local(local, layout)
+        if isinstance(x, DTensor):
+            return to_dtensor(y, x.device_mesh, x.placements, (x.shape[0], self.out_channels, *x.shape[2:]))
+        return y
+
+    def input_layout(self, x: torch.Tensor) -> tuple[Layout, torch.Tensor]:
+        """The layout of ``x``'s spatial dims and this rank's block (checked against the layer)."""
+        d = self.ndim
+        if x.dim() != 2 + d or x.shape[1] != self.in_channels:
             raise ValueError(
-                f"SpectralConv expects (batch, {self.in_channels}, *local block), got shape {tuple(x.shape)}"
+                f"{type(self).__name__} expects (batch, {self.in_channels}, {d} spatial dims), got shape {tuple(x.shape)}"
             )
+        return layout_of(x, d, self.mesh, self.input_placements)
+
+    def forward_local(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """The convolution of this rank's block ``x`` ``(b, in, *layout.local_shape)`` of a field laid out
+        as ``layout``; returns ``(b, out, *layout.local_shape)``. Under autocast it runs, and returns, in
+        the weight's precision."""
+        if x.shape[2:] != layout.local_shape:
+            raise PlanError(f"expected a block ending in {layout.local_shape}, got shape {tuple(x.shape)}")
+        if torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return self._convolve(x.to(self._precision() if self.real else complex_dtype(self._precision())), layout)
+        return self._convolve(x, layout)
+
+    def _local_weight(self) -> torch.Tensor:
+        """This rank's part of the weight, its gradient summed over the ranks that share it."""
+        w = self.weight
+        if not isinstance(w, DTensor):
+            return w
+        local = w.to_local()
+        for axis, p in enumerate(w.placements):
+            if isinstance(p, Replicate) and self.mesh.size(axis) > 1:
+                local = comm.replicate(local, group=self.mesh.get_group(axis))
+        return local
+
+    def _convolve(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+        plan = self.plan(layout)
+        w = self._local_weight()
         if self.method == "drift":
             with phase("transform"):
-                shares = self.plan.forward(x, out="sharded")  # (b, in, M_p)
+                shares = plan(x, sharded=True)  # (b, in, k1_loc, K2, ..., Kd)
             with phase("multiply"):
-                mixed = mix_channels(shares, self.weight)
+                mixed = mix_channels(shares, w)
             with phase("transform"):
-                return self.plan.inverse(mixed, inp="sharded")
+                return plan.inverse(mixed, sharded=True)
         with phase("transform"):
-            spectrum = self.plan.forward(x)
+            spectrum = plan(x)
         if self.method == "dfno-pruned":
             with phase("multiply"):
-                mixed = mix_channels(spectrum, self.weight)
+                mixed = mix_channels(spectrum, w)
             with phase("transform"):
-                return self.plan.inverse(mixed)
+                return plan.inverse(mixed)
         with phase("multiply"):
-            kept = spectrum[(..., *self._block_index)]
-            mixed = mix_channels(kept, self.weight)
+            positions, offsets = self._dfno_index[_plan_key(layout)]
+            device = spectrum.device
+            kept = spectrum[(..., *(o.to(device) for o in offsets))]
+            mixed = mix_channels(kept, w[(slice(None), slice(None), *(p.to(device) for p in positions))])
             block = mixed.new_zeros(*mixed.shape[:2], *spectrum.shape[2:])
-            block[(..., *self._block_index)] = mixed
+            block[(..., *(o.to(device) for o in offsets))] = mixed
         with phase("transform"):
-            return self.plan.inverse(block)
+            return plan.inverse(block)
+
+
+def layout_of(x: torch.Tensor, d: int, mesh, placements) -> tuple[Layout, torch.Tensor]:
+    """The ``Layout`` of the last ``d`` dims of ``x`` and this rank's block of it.
+
+    On one device (``mesh`` None) ``x`` is a plain tensor. On a mesh ``x`` must be a DTensor on that
+    mesh with ``placements`` (dim 0 may be sharded: data parallel). PlanError otherwise, before any
+    collective.
+    """
+    if mesh is None:
+        if isinstance(x, DTensor):
+            raise PlanError("a DTensor input needs a parallelized module: call drift.nn.parallelize(model, mesh, ...)")
+        return Layout(x.shape[x.dim() - d :]), x
+    if not isinstance(x, DTensor):
+        raise PlanError(
+            f"this module is parallelized over a {tuple(mesh.shape)} mesh: give it a DTensor "
+            f"(DTensor.from_local(block, mesh, {placements}, shape=..., stride=...))"
+        )
+    if x.device_mesh != mesh or tuple(x.placements) != tuple(placements):
+        raise PlanError(
+            f"input DTensor on {x.device_mesh} with placements {tuple(x.placements)}; this module is parallelized "
+            f"for {mesh} with placements {tuple(placements)}"
+        )
+    layout, _ = dtensor_layout(x, d, batch_axes_ok=True)
+    return layout, x.to_local()

@@ -1,0 +1,295 @@
+"""Where the blocks of a sharded field live: a DeviceMesh, DTensor placements, ``torch.chunk`` blocks.
+
+A global extent N split over P ranks follows ``torch.chunk``, as DTensor's ``Shard`` does: blocks of
+ceil(N/P) elements in rank order, the last non-empty one shorter, trailing ones possibly empty. A
+``Layout`` says which mesh dim splits each transformed dim of a field; it owns every block computation
+and the padded collectives that uneven blocks need (the pad, the collective through ``drift.comm``, the
+unpad), so no other module repeats them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.nn import functional as F
+
+from drift import comm
+from drift.errors import PlanError
+
+
+def chunk_slice(n: int, parts: int, index: int) -> slice:
+    """The slice of ``range(n)`` that block ``index`` of ``parts`` holds (``torch.chunk``'s blocks)."""
+    step = -(-n // parts)
+    start = min(index * step, n)
+    return slice(start, min(start + step, n))
+
+
+def chunk_sizes(n: int, parts: int) -> list[int]:
+    """Extents of the ``parts`` blocks of ``n`` elements."""
+    return [s.stop - s.start for s in (chunk_slice(n, parts, q) for q in range(parts))]
+
+
+def nested_chunk(n: int, parts: Sequence[int], coords: Sequence[int]) -> slice:
+    """The slice of ``range(n)`` held by coordinates ``coords`` when ``n`` is chunked over each of
+    ``parts`` in turn (DTensor's nested ``Shard`` of one dim over several mesh dims)."""
+    start, stop = 0, n
+    for p, c in zip(parts, coords, strict=True):
+        s = chunk_slice(stop - start, p, c)
+        start, stop = start + s.start, start + s.stop
+    return slice(start, stop)
+
+
+def _mesh_shape(mesh) -> tuple[int, ...]:
+    return () if mesh is None else tuple(mesh.shape)
+
+
+class Layout:
+    """The transformed dims ``(N1, ..., Nd)`` of a field and the mesh dims that split them.
+
+    Args:
+        global_shape: the global extents of the transformed dims.
+        mesh: a ``DeviceMesh`` of any number of dims, or None (one device, nothing split).
+        placements: one per mesh dim, describing a field of shape ``global_shape`` as a DTensor would:
+            ``Shard(i)`` splits transformed dim i (negative i counts from the last) in ``torch.chunk``
+            blocks; ``Replicate()`` leaves the field whole along that mesh dim (its ranks compute the
+            same). One dim split over two mesh dims and ``Partial`` are not supported.
+
+    Attributes: ``axes`` (per dim, the mesh dim splitting it or None), ``parts`` (ranks per dim),
+    ``coords`` (this rank's block index per dim), ``local_slices``, ``local_shape``,
+    ``spatial_axes`` (the mesh dims that split some dim, in mesh order).
+    """
+
+    def __init__(self, global_shape: Sequence[int], mesh=None, placements: Sequence | None = None) -> None:
+        self.global_shape = tuple(int(n) for n in global_shape)
+        d = len(self.global_shape)
+        if d == 0 or any(n < 1 for n in self.global_shape):
+            raise ValueError(f"global_shape {self.global_shape} needs at least one dim, every extent positive")
+        self.mesh = mesh
+        mesh_shape = _mesh_shape(mesh)
+        if placements is None:
+            placements = (Replicate(),) * len(mesh_shape)
+        placements = tuple(placements)
+        if len(placements) != len(mesh_shape):
+            raise ValueError(f"placements {placements} need one entry per dim of the mesh {mesh_shape}")
+        axes: list[int | None] = [None] * d
+        for axis, p in enumerate(placements):
+            if isinstance(p, Partial):
+                raise ValueError(f"mesh dim {axis}: Partial placements are not supported (reduce first)")
+            if isinstance(p, Replicate):
+                continue
+            if not isinstance(p, Shard):
+                raise ValueError(f"mesh dim {axis}: unsupported placement {p!r}")
+            if not -d <= p.dim < d:
+                raise ValueError(f"mesh dim {axis}: Shard({p.dim}) is out of range for {d} transformed dims")
+            dim = p.dim % d
+            if axes[dim] is not None:
+                raise ValueError(
+                    f"transformed dim {dim} is split over mesh dims {axes[dim]} and {axis}: one dim over "
+                    "several mesh dims is not supported"
+                )
+            axes[dim] = axis
+        self.placements = tuple(
+            Shard(axes.index(axis)) if axis in axes else Replicate() for axis in range(len(mesh_shape))
+        )
+        self.axes = tuple(axes)
+        self.parts = tuple(1 if a is None else mesh_shape[a] for a in axes)
+        coordinate = (0,) * len(mesh_shape) if mesh is None else tuple(mesh.get_coordinate())
+        self.coordinate = coordinate
+        self.coords = tuple(0 if a is None else coordinate[a] for a in axes)
+        self.spatial_axes = tuple(sorted(a for a in axes if a is not None))
+        self.local_slices = self.slices(self.coords)
+        self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
+
+    def __repr__(self) -> str:
+        return f"Layout(global_shape={self.global_shape}, mesh={_mesh_shape(self.mesh)}, placements={self.placements})"
+
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, Layout)
+            and self.global_shape == other.global_shape
+            and self.mesh == other.mesh
+            and self.placements == other.placements
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.global_shape, self.placements))
+
+    @property
+    def size(self) -> int:
+        """The number of ranks sharing one field (the product of the spatial mesh dims)."""
+        return math.prod(self.parts)
+
+    def slices(self, coords: Sequence[int]) -> tuple[slice, ...]:
+        """Global index slices of the block at per-dim block indices ``coords``."""
+        return tuple(chunk_slice(n, p, c) for n, p, c in zip(self.global_shape, self.parts, coords, strict=True))
+
+    def blocks(self) -> list[tuple[slice, ...]]:
+        """The slices of every block, in row-major order of the per-dim block indices."""
+        return [self.slices(c) for c in itertools.product(*(range(p) for p in self.parts))]
+
+    def group(self, axis: int):
+        """The process group of the ranks that differ from this one only along mesh dim ``axis``."""
+        return self.mesh.get_group(axis)
+
+    def axis_size(self, axis: int) -> int:
+        return self.mesh.size(axis)
+
+    # Collectives over the spatial mesh dims (one per dim, outermost first).
+
+    def all_reduce(self, x: torch.Tensor, *, replicated_grad: bool = False) -> torch.Tensor:
+        """The sum of ``x`` over the ranks that share the field, on each of them. Its backward sums the
+        per-rank gradients (torch.distributed's convention), or with ``replicated_grad`` passes the
+        gradient through (DTensor's: a Replicate result's gradient is already whole on every rank)."""
+        reduce = comm.sum_to_replicated if replicated_grad else comm.all_reduce
+        for axis in self.spatial_axes:
+            x = reduce(x, group=self.group(axis))
+        return x
+
+    def replicate(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` unchanged, for a tensor that every rank sharing the field holds alike; its backward
+        sums the gradient over those ranks (``comm.replicate``)."""
+        for axis in self.spatial_axes:
+            x = comm.replicate(x, group=self.group(axis))
+        return x
+
+    # Uneven shards of a flat dim over the spatial mesh dims (the retained modes' shares).
+
+    def share_slice(self, n: int, coordinate: Sequence[int] | None = None) -> slice:
+        """The share of ``range(n)`` a rank holds when ``n`` is chunked over the spatial mesh dims in
+        mesh order (a nested ``Shard``); this rank's unless ``coordinate`` (mesh coordinates) is given."""
+        coordinate = self.coordinate if coordinate is None else coordinate
+        axes = self.spatial_axes
+        return nested_chunk(n, [self.axis_size(a) for a in axes], [coordinate[a] for a in axes])
+
+    def share_placements(self, dim: int) -> tuple:
+        """DTensor placements of a tensor whose ``dim`` holds the shares (``share_slice``)."""
+        return tuple(Shard(dim) if a in self.spatial_axes else Replicate() for a in range(len(self.placements)))
+
+    def reduce_scatter_shares(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``(b, n, *rest)`` on every spatial rank; returns ``(b, m, *rest)``, this rank's share
+        (``share_slice(n)``) of the sum over the spatial ranks: one reduce-scatter per spatial mesh dim,
+        outermost first, each padding the shares to equal size. Differentiable (adjoint:
+        ``all_gather_shares``)."""
+        for axis in self.spatial_axes:
+            parts = self.axis_size(axis)
+            n, c = x.shape[1], -(-x.shape[1] // parts)
+            padded = F.pad(x, (0, 0) * (x.dim() - 2) + (0, parts * c - n))
+            send = padded.view(x.shape[0], parts, c, *x.shape[2:]).transpose(0, 1).reshape(parts * x.shape[0], c, *x.shape[2:])
+            mine = chunk_slice(n, parts, self.coordinate[axis])
+            x = comm.reduce_scatter(send, group=self.group(axis))[:, : mine.stop - mine.start]
+        return x
+
+    def all_gather_shares(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """The inverse of ``reduce_scatter_shares`` without the sum: every rank's share ``(b, m_q, *rest)``
+        joined into ``(b, n, *rest)`` on every spatial rank, one all-gather per spatial mesh dim,
+        innermost first. Differentiable (adjoint: ``reduce_scatter_shares``)."""
+        extents = []  # the extent each level chunks, outermost first
+        for axis in self.spatial_axes:
+            extents.append(n)
+            s = chunk_slice(n, self.axis_size(axis), self.coordinate[axis])
+            n = s.stop - s.start
+        for axis, m in zip(reversed(self.spatial_axes), reversed(extents), strict=True):
+            parts = self.axis_size(axis)
+            c = -(-m // parts)
+            padded = F.pad(x, (0, 0) * (x.dim() - 2) + (0, c - x.shape[1]))
+            every = comm.all_gather(padded, group=self.group(axis)).view(parts, x.shape[0], c, *x.shape[2:])
+            x = torch.cat([every[q, :, :size] for q, size in enumerate(chunk_sizes(m, parts))], dim=1)
+        return x
+
+    # Whole fields (tests and I/O, not the hot path).
+
+    def scatter(self, x_global: torch.Tensor) -> torch.Tensor:
+        """This rank's block of the last d dims of ``x_global`` (given on every rank); no communication."""
+        d = len(self.global_shape)
+        if x_global.dim() < d or tuple(x_global.shape[x_global.dim() - d :]) != self.global_shape:
+            raise PlanError(f"scatter expected a tensor ending in {self.global_shape}, got {tuple(x_global.shape)}")
+        return x_global[(..., *self.local_slices)].contiguous()
+
+    def gather(self, x_local: torch.Tensor) -> torch.Tensor:
+        """The full tensor ``(*batch, N1, ..., Nd)`` on every rank from every rank's block: one
+        all-gather of padded blocks per spatial mesh dim."""
+        d = len(self.global_shape)
+        if x_local.dim() < d or tuple(x_local.shape[x_local.dim() - d :]) != self.local_shape:
+            raise PlanError(f"gather expected a local block ending in {self.local_shape}, got {tuple(x_local.shape)}")
+        x = x_local
+        for dim, axis in enumerate(self.axes):
+            if axis is None:
+                continue
+            t = x.dim() - d + dim
+            n, parts = self.global_shape[dim], self.parts[dim]
+            c = -(-n // parts)
+            pad = [0, 0] * (x.dim() - 1 - t) + [0, c - x.shape[t]]
+            every = comm.all_gather(F.pad(x, pad).unsqueeze(0), group=self.group(axis))
+            x = torch.cat([every[q].narrow(t, 0, size) for q, size in enumerate(chunk_sizes(n, parts))], dim=t)
+        return x.clone() if x is x_local else x
+
+
+def dtensor_layout(x: DTensor, d: int, *, batch_axes_ok: bool) -> tuple[Layout, tuple[int, ...]]:
+    """The ``Layout`` of the last ``d`` dims of the DTensor ``x`` and the mesh dims that shard its dim 0
+    (data parallel: allowed only where ``batch_axes_ok``). ValueError naming the dim for placements
+    drift cannot use: a sharded leading dim (other than dim 0 where allowed), a Partial placement, a
+    transformed dim over two mesh dims."""
+    lead = x.dim() - d
+    if lead < 0:
+        raise ValueError(f"a DTensor of shape {tuple(x.shape)} has fewer than the {d} transformed dims")
+    placements, data_axes = [], []
+    for axis, p in enumerate(x.placements):
+        if isinstance(p, Shard) and p.dim % x.dim() < lead:
+            dim = p.dim % x.dim()
+            if batch_axes_ok and dim == 0:
+                data_axes.append(axis)
+                placements.append(Replicate())
+                continue
+            what = "the batch dim" if dim == 0 else f"dim {dim}"
+            raise ValueError(
+                f"mesh dim {axis} shards {what} of a {tuple(x.shape)} DTensor: the spectral transform splits "
+                f"only its last {d} dims" + ("" if batch_axes_ok else " (no data-parallel dim here)")
+            )
+        placements.append(Shard(p.dim % x.dim() - lead) if isinstance(p, Shard) else p)
+    return Layout(x.shape[lead:], x.device_mesh, placements), tuple(data_axes)
+
+
+def to_dtensor(local: torch.Tensor, mesh, placements: Sequence, global_shape: Sequence[int]) -> DTensor:
+    """``DTensor.from_local`` with the global shape given (uneven shards) and no check collective."""
+    shape = torch.Size(global_shape)
+    stride = torch.empty(0).new_empty(shape, device="meta").stride()
+    return DTensor.from_local(local, mesh, tuple(placements), run_check=False, shape=shape, stride=stride)
+
+
+def full_placements(layout: Layout, lead: int, data_axes: Sequence[int] = ()) -> tuple:
+    """Placements of a tensor with ``lead`` leading dims and ``layout``'s transformed dims after them,
+    its dim 0 sharded over ``data_axes``."""
+    out = []
+    for axis, p in enumerate(layout.placements):
+        if axis in data_axes:
+            out.append(Shard(0))
+        elif isinstance(p, Shard):
+            out.append(Shard(p.dim + lead))
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def grid_mesh(grid: Sequence[int], device_type: str = "cpu") -> tuple:
+    """A ``DeviceMesh`` and the placements that split transformed dim i over ``grid[i]`` ranks (the
+    mpi4py-fft style of saying a decomposition): one mesh dim per entry above 1, in dim order. Call on
+    every rank of the default group; its size must be ``prod(grid)``. ``(None, ())`` on one process
+    without a process group."""
+    grid = tuple(int(p) for p in grid)
+    if any(p < 1 for p in grid):
+        raise ValueError(f"grid {grid} needs positive entries")
+    size = comm.world_size()
+    if math.prod(grid) != size:
+        raise ValueError(f"grid {grid} has {math.prod(grid)} ranks but the process group has {size}")
+    if not comm.is_initialized():
+        return None, ()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    split = [(i, p) for i, p in enumerate(grid) if p > 1] or [(0, 1)]
+    mesh = init_device_mesh(device_type, tuple(p for _, p in split))
+    placements = tuple(Shard(i) if p > 1 else Replicate() for i, p in split)
+    return mesh, placements

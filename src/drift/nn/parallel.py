@@ -1,0 +1,100 @@
+"""``parallelize``: one call that makes a single-device drift model distributed over a DeviceMesh."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+from drift.nn.fno import PointwiseLinear
+from drift.nn.spectral import SpectralConv
+
+
+def _roles(mesh, placements: Sequence, d: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The data-parallel mesh dims (``Shard(0)``) and the spatial ones (``Shard(i)``, i >= 2) of input
+    placements for ``(batch, channels, *d spatial dims)``; ValueError for anything else."""
+    if len(placements) != mesh.ndim:
+        raise ValueError(f"placements {tuple(placements)} need one entry per dim of the {tuple(mesh.shape)} mesh")
+    data, spatial, seen = [], [], set()
+    for axis, p in enumerate(placements):
+        if isinstance(p, Shard) and p.dim % (2 + d) == 0:
+            data.append(axis)
+        elif isinstance(p, Shard) and p.dim % (2 + d) >= 2:
+            dim = p.dim % (2 + d)
+            if dim in seen:
+                raise ValueError(f"mesh dim {axis}: spatial dim {dim} is already split by another mesh dim")
+            seen.add(dim)
+            spatial.append(axis)
+        elif isinstance(p, Replicate) and mesh.size(axis) == 1:
+            continue
+        else:
+            raise ValueError(
+                f"mesh dim {axis} ({mesh.size(axis)} ranks) has placement {p}: each mesh dim must shard the batch "
+                f"(Shard(0), data parallel) or a spatial dim (Shard(2) .. Shard({d + 1})) of the input"
+            )
+    return tuple(data), tuple(spatial)
+
+
+def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
+    """Make ``model`` (drift layers built on one device) distributed over ``mesh``, in place; returns it.
+
+    ``placements`` (one per mesh dim) say how the model's inputs ``(batch, channels, *spatial)`` are
+    laid out: ``Shard(0)`` on data-parallel mesh dims, ``Shard(i)`` (i >= 2) on the mesh dims that
+    split spatial dim i. The model then takes and returns DTensors laid out so.
+
+    Parameters keep their current values, taken from the mesh's first rank (so every rank starts
+    alike). Spectral weights become DTensors: sharded over the spatial mesh dims as their method
+    stores them (each rank keeps its share) and replicated over the data dims. Every other parameter
+    stays a plain tensor replicated on every rank. drift reduces the gradients itself (no DDP or FSDP
+    wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over ranks of each
+    rank's loss (for DTensor outputs, the DTensor loss).
+    """
+    d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
+    if d is None:
+        raise ValueError("parallelize found no drift.nn.SpectralConv in the model")
+    data_axes, _ = _roles(mesh, placements, d)
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, SpectralConv | PointwiseLinear):
+                continue
+            if module.mesh is not None:
+                raise ValueError(f"{type(module).__name__} is already parallelized over {module.mesh}")
+            module.mesh, module.input_placements, module.data_axes = mesh, tuple(placements), data_axes
+            for name, param in list(module.named_parameters(recurse=False)):
+                value = param.detach()
+                if isinstance(module, SpectralConv) and name == "weight":
+                    stored = distribute_tensor(value, mesh, _weight_placements(module, mesh, placements))
+                else:
+                    stored = distribute_tensor(value, mesh, (Replicate(),) * mesh.ndim).to_local()
+                setattr(module, name, nn.Parameter(stored, requires_grad=param.requires_grad))
+            if isinstance(module, SpectralConv):
+                module.plans.clear()
+    return model
+
+
+def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple:
+    """How ``layer`` stores its weight over ``mesh`` for inputs placed as ``placements``."""
+    data_axes, spatial_axes = _roles(mesh, placements, layer.ndim)
+    if layer.method == "drift":
+        return tuple(Shard(2) if axis in spatial_axes else Replicate() for axis in range(mesh.ndim))
+    if layer.method == "dfno":
+        return (Replicate(),) * mesh.ndim
+    # dfno-pruned: the blocks of the mode grid its transposes leave, at a nominal resolution.
+    from drift.fft import DistributedFFT
+
+    def extent(spec, k: int) -> int:  # large enough for the modes and for every split
+        top = k if isinstance(spec, int) else max(abs(i) + 1 for i in spec)
+        return 2 * max(top, k, mesh.size()) + 2
+
+    nominal = tuple(extent(spec, k) for spec, k in zip(layer.mode_spec, layer.mode_shape, strict=True))
+    spatial = [Shard(p.dim - 2) if axis in spatial_axes else Replicate() for axis, p in enumerate(placements)]
+    kind = "r2c" if layer.real else "c2c"
+    plan = DistributedFFT(nominal, mesh, spatial, kind=kind, modes=layer.modes_at(nominal), device="meta")
+    return layer._weight_placements(plan)
+
+
+def is_parallel(model: nn.Module) -> bool:
+    """Whether ``model`` holds DTensor parameters (was parallelized)."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
