@@ -97,8 +97,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     kwargs = dict(
         checkpoint=args.checkpoint,
         data=args.data,
+        resolution=args.resolution,
         method=args.method,
         grid=args.grid,
+        data_parallel=args.data_parallel,
         device=args.device,
         batch_size=args.batch_size,
     )
@@ -113,8 +115,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     if not launched() or int(os.environ.get("RANK", 0)) == 0:
         print(
             f"test relative L2 {result['test_rel_l2']:.4f} over {result['test_trajectories']} trajectories "
-            f"({result['method']} on {result['ranks']} ranks; epoch {result['epoch']} checkpoint from "
-            f"{result['trained_on']} ranks)"
+            f"at {'x'.join(map(str, result['resolution']))} ({result['method']} on {result['ranks']} ranks; epoch "
+            f"{result['epoch']} checkpoint from {result['trained_on']} ranks at "
+            f"{'x'.join(map(str, result['trained_resolution']))})"
         )
         if args.json:
             with open(args.json, "w") as f:
@@ -185,7 +188,16 @@ def _add_train(commands) -> None:
         "(--nproc N starts N local ranks) or under torchrun --nproc-per-node N -m drift train.",
     )
     train.add_argument("--data", help="PDEBench 3D CFD HDF5 file (default: generate a small set into the cache)")
-    train.add_argument("--grid", type=_grid, help="ranks per spatial dim, like 4x1x1 (default: a slab, Px1x1)")
+    train.add_argument(
+        "--grid", type=_grid, help="spatial ranks per spatial dim, like 4x1x1 (default: a slab of all spatial ranks)"
+    )
+    train.add_argument(
+        "--data-parallel",
+        type=positive(int),
+        default=d.data_parallel,
+        metavar="D",
+        help="ranks along a data-parallel mesh dim, each taking a share of every batch (--nproc / D spatial ranks)",
+    )
     train.add_argument("--method", choices=METHODS, default=d.method, help="spectral convolution")
     train.add_argument("--width", type=positive(int), default=d.width, help="channels inside the FNO")
     train.add_argument("--modes", type=_modes, default=d.modes, help="modes per dim (x,y,z,t), Li et al.'s k")
@@ -209,12 +221,19 @@ def _add_evaluate(commands) -> None:
 
     ev = commands.add_parser(
         "evaluate",
-        help="relative L2 of a trained checkpoint on the test split, on any number of ranks",
+        help="relative L2 of a trained checkpoint on the test split, on any number of ranks and at any resolution",
     )
     ev.add_argument("checkpoint", help="a run folder (its latest checkpoint) or one checkpoint folder")
-    ev.add_argument("--data", help="data file (default: the one the run trained on)")
+    ev.add_argument("--data", help="data file (default: the one the run trained on), at any resolution")
+    ev.add_argument(
+        "--resolution",
+        type=positive(int),
+        metavar="R",
+        help="read the data at R points per spatial dim (every N/R-th point of its N; default: all of them)",
+    )
     ev.add_argument("--method", choices=METHODS, help="spectral convolution (default: the run's)")
-    ev.add_argument("--grid", type=_grid, help="ranks per spatial dim (default: a slab)")
+    ev.add_argument("--grid", type=_grid, help="spatial ranks per spatial dim (default: a slab)")
+    ev.add_argument("--data-parallel", type=positive(int), default=1, metavar="D", help="data-parallel ranks")
     ev.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")
     ev.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ev.add_argument("--batch-size", type=positive(int), default=2)

@@ -427,7 +427,11 @@ class DistributedFFT(ComplexModule):
         complex_input = self.kind != "dct2" if inverse else self.kind == "c2c"
         t = self._check(t, what, shape, complex_input)
         batch = t.shape[: t.dim() - len(self.global_shape)]
-        out = self._run_inplace(t, what, shape, inverse) if self.inplace else self._run(t.reshape(math.prod(batch), *shape), inverse)
+        out = (
+            self._run_inplace(t, what, shape, inverse)
+            if self.inplace
+            else self._run(t.reshape(math.prod(batch), *shape), inverse)
+        )
         return out.reshape(*batch, *out_shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -443,7 +447,9 @@ class DistributedFFT(ComplexModule):
             lead = x.dim() - len(self.global_shape)
             layout, _ = dtensor_layout(x, len(self.global_shape), batch_axes_ok=False)
             if layout != self.layout:
-                raise PlanError(f"forward input: a DTensor laid out as {layout} does not match the plan's {self.layout}")
+                raise PlanError(
+                    f"forward input: a DTensor laid out as {layout} does not match the plan's {self.layout}"
+                )
             y = self._execute(x.to_local(), inverse=False)
             placements = tuple(Shard(p.dim + lead) if isinstance(p, Shard) else p for p in self.output_placements)
             return to_dtensor(y, x.device_mesh, placements, (*x.shape[:lead], *self.output_shape))

@@ -178,7 +178,11 @@ class Layout:
             parts = self.axis_size(axis)
             n, c = x.shape[1], -(-x.shape[1] // parts)
             padded = F.pad(x, (0, 0) * (x.dim() - 2) + (0, parts * c - n))
-            send = padded.view(x.shape[0], parts, c, *x.shape[2:]).transpose(0, 1).reshape(parts * x.shape[0], c, *x.shape[2:])
+            send = (
+                padded.view(x.shape[0], parts, c, *x.shape[2:])
+                .transpose(0, 1)
+                .reshape(parts * x.shape[0], c, *x.shape[2:])
+            )
             mine = chunk_slice(n, parts, self.coordinate[axis])
             x = comm.reduce_scatter(send, group=self.group(axis))[:, : mine.stop - mine.start]
         return x

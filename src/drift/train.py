@@ -3,13 +3,19 @@
 The problem: from ``t_in`` frames of the five fields predict the next ``t_out`` frames. The FNO works
 on the 4-D grid ``(x, y, z, t)`` with ``t_out`` time points: its input channels are the ``fields x t_in``
 input frames, repeated along t, and the normalised time ``t / t_out``; its output channels are the
-fields at each of the ``t_out`` times. Space is split over the ranks as ``grid`` (default: a slab
-along x), time is never split. Each rank reads, computes and stores only its block.
+fields at each of the ``t_out`` times.
 
-Loss: the mean squared error over the global field (each rank's loss is its share of the sum, so
-their sum is the global loss, torch.distributed's convention). Test metric: the relative L2 error
-``||pred - true|| / ||true||`` of each test trajectory over its whole normalised field (every field,
-time and point), averaged over the trajectories.
+The ranks form a device mesh (``Sharding``): ``data_parallel`` ranks along a "data" mesh dim (when
+above 1), each taking its ``torch.chunk`` share of every batch's trajectories, times the spatial ranks
+of ``grid`` (default: a slab along x), one mesh dim per split spatial dim ("x", "y", "z"); time is never
+split. Each rank reads, computes and stores only its block of its trajectories. The model is built on
+one device from ``torch.manual_seed(seed)`` and then parallelized over the mesh (it takes and returns
+DTensors), so the same seed gives the same run on any number of ranks and any mesh.
+
+Loss: the mean squared error over the global batch (each rank's loss is its share of the sum, so
+their sum is the global loss, torch.distributed's convention; drift sums the gradients over the mesh
+itself). Test metric: the relative L2 error ``||pred - true|| / ||true||`` of each test trajectory over
+its whole normalised field (every field, time and point), averaged over the trajectories.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.nn import functional as F
 from tqdm import tqdm
 
@@ -31,9 +38,9 @@ from drift import comm
 from drift._plan import resolve_device
 from drift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
-from drift.decomposition import check_grid
 from drift.launch import launched, process_group
-from drift.nn import FNO, METHODS
+from drift.layout import chunk_sizes, chunk_slice, to_dtensor
+from drift.nn import FNO, METHODS, parallelize
 from drift.truncated import mode_lists
 
 # The small data set `drift train` writes when --data is not given.
@@ -52,6 +59,7 @@ class TrainConfig:
 
     data: str | None = None
     grid: tuple[int, int, int] | None = None
+    data_parallel: int = 1
     method: str = "drift"
     width: int = 20
     modes: tuple[int, int, int, int] = (4, 4, 4, 4)
@@ -96,7 +104,7 @@ def ensure_default_data(progress: bool = True) -> Path:
 
 def check_config(config: TrainConfig, world_size: int) -> None:
     """Reject option values that cannot work, before any rank starts (ConfigError naming the option)."""
-    for name in ("width", "layers", "epochs", "batch_size", "nproc", "t_in", "t_out"):
+    for name in ("width", "layers", "epochs", "batch_size", "nproc", "t_in", "t_out", "data_parallel"):
         if getattr(config, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
     if not config.lr > 0:
@@ -122,15 +130,80 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(
             f"--t-in + --t-out = {config.t_in + config.t_out} exceeds the {frames} frames of {config.data}"
         )
-    grid = config.grid or (world_size, 1, 1)
-    try:
-        check_grid(extents, grid, world_size)
-    except ValueError as exc:
-        raise ConfigError(f"--grid {'x'.join(map(str, grid))}: {exc}") from None
+    check_resolution(config, extents, world_size)
+
+
+def spatial_grid(config: TrainConfig, world_size: int) -> tuple[int, ...]:
+    """Ranks per spatial dim: ``--grid``, or a slab of the ``world_size / --data-parallel`` spatial ranks."""
+    if world_size % config.data_parallel:
+        raise ConfigError(f"--data-parallel {config.data_parallel} does not divide the {world_size} ranks")
+    spatial = world_size // config.data_parallel
+    grid = config.grid or (spatial, 1, 1)
+    if len(grid) != 3 or min(grid) < 1 or math.prod(grid) != spatial:
+        raise ConfigError(
+            f"--grid {'x'.join(map(str, grid))}: needs three positive rank counts whose product is the "
+            f"{spatial} spatial ranks ({world_size} ranks / --data-parallel {config.data_parallel})"
+        )
+    return tuple(grid)
+
+
+def check_resolution(config: TrainConfig, extents: Sequence[int], world_size: int, option: str | None = None) -> None:
+    """ConfigError unless every rank of the grid holds points of the ``extents`` (x, y, z) grid
+    (``torch.chunk`` blocks) and the modes fit it; a misfit names ``option`` (default: ``--modes``)."""
+    grid = spatial_grid(config, world_size)
+    for dim, (n, p) in enumerate(zip(extents, grid, strict=True)):
+        if min(chunk_sizes(n, p)) == 0:
+            raise ConfigError(
+                f"--grid {'x'.join(map(str, grid))}: {p} ranks on dim {dim} ({n} points, torch.chunk blocks "
+                f"of {-(-n // p)}) leave a rank without points"
+            )
     try:
         mode_lists(config.modes, (*extents, config.t_out), real=True)
     except ValueError as exc:
-        raise ConfigError(f"--modes {','.join(map(str, config.modes))}: {exc}") from None
+        raise ConfigError(f"{option or '--modes ' + ','.join(map(str, config.modes))}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Where a run's tensors live: its device mesh (None on one rank) and the placements of the FNO's
+    inputs ``(batch, channels, x, y, z, t)`` over it (``Shard(0)`` on the "data" mesh dim)."""
+
+    mesh: object
+    placements: tuple
+
+    @classmethod
+    def build(cls, config: TrainConfig, world_size: int, device_type: str) -> Sharding:
+        """A "data" mesh dim of ``--data-parallel`` ranks (when above 1), then one mesh dim per spatial
+        dim that the grid splits; call on every rank of the default group."""
+        grid = spatial_grid(config, world_size)
+        dims = [("data", config.data_parallel, Shard(0))] if config.data_parallel > 1 else []
+        dims += [(name, p, Shard(2 + i)) for i, (name, p) in enumerate(zip("xyz", grid, strict=True)) if p > 1]
+        if not dims:
+            return cls(None, ())
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device_type, tuple(p for _, p, _ in dims), mesh_dim_names=tuple(n for n, _, _ in dims))
+        return cls(mesh, tuple(placement for *_, placement in dims))
+
+    def field_placements(self) -> tuple:
+        """The placements over the spatial dims (x, y, z) alone, as ``PDEBench3D`` and ``Layout`` take them."""
+        return tuple(Replicate() if p.dim == 0 else Shard(p.dim - 2) for p in self.placements)
+
+    def share(self, indices: Sequence[int]) -> list[int]:
+        """This rank's ``torch.chunk`` share of a batch's trajectories (all of them without a data dim)."""
+        indices = list(indices)
+        if Shard(0) not in self.placements:
+            return indices
+        axis = self.placements.index(Shard(0))
+        return indices[chunk_slice(len(indices), self.mesh.size(axis), self.mesh.get_coordinate()[axis])]
+
+    def wrap(self, local: torch.Tensor, global_shape: Sequence[int]) -> torch.Tensor:
+        """This rank's block of a model input as the model takes it: a DTensor on a mesh, else itself."""
+        return local if self.mesh is None else to_dtensor(local, self.mesh, self.placements, global_shape)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def model_input(x: torch.Tensor, t_out: int) -> torch.Tensor:
@@ -146,28 +219,40 @@ def model_target(y: torch.Tensor) -> torch.Tensor:
     return y.movedim(2, -1)
 
 
-def build_model(config: TrainConfig, global_shape: Sequence[int], grid: Sequence[int], device) -> FNO:
-    """The FNO for ``config`` on a 3-D ``grid`` of ranks over ``global_shape`` (x, y, z)."""
+def build_model(config: TrainConfig, device, sharding: Sharding | None = None) -> FNO:
+    """The FNO for ``config``, its parameters drawn from ``torch.manual_seed(config.seed)`` (without
+    touching the caller's random state), parallelized over ``sharding``'s mesh when it has one."""
     fields = len(FIELDS)
-    return FNO(
-        fields * config.t_in + 1,
-        fields,
-        config.width,
-        config.modes,
-        (*global_shape, config.t_out),
-        (*grid, 1),
-        n_layers=config.layers,
-        method=config.method,
-        device=device,
-        seed=config.seed,
-    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = FNO(
+            fields * config.t_in + 1,
+            fields,
+            config.width,
+            config.modes,
+            config.layers,
+            method=config.method,
+            device=device,
+        )
+    if sharding is not None and sharding.mesh is not None:
+        parallelize(model, sharding.mesh, sharding.placements)
+    return model
 
 
-def _batch(dataset: PDEBench3D, indices: Sequence[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    pairs = [dataset[i] for i in indices]
-    x = torch.stack([p[0] for p in pairs]).to(device)
-    y = torch.stack([p[1] for p in pairs]).to(device)
-    return model_input(x, dataset.t_out), model_target(y)
+def _batch(
+    dataset: PDEBench3D, indices: Sequence[int], sharding: Sharding, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model input of the trajectories ``indices`` (this rank's share and block of them, wrapped as
+    the model takes it) and this rank's target block."""
+    pairs = [dataset[i] for i in sharding.share(indices)]
+    if pairs:
+        x, y = (torch.stack([p[k] for p in pairs]).to(device) for k in (0, 1))
+    else:  # a data rank without trajectories in this batch still joins the collectives
+        x = torch.empty(0, len(dataset.fields), dataset.t_in, *dataset.local_shape, device=device)
+        y = torch.empty(0, len(dataset.fields), dataset.t_out, *dataset.local_shape, device=device)
+    x = model_input(x, dataset.t_out)
+    global_shape = (len(indices), x.shape[1], *dataset.global_shape, dataset.t_out)
+    return sharding.wrap(x, global_shape), model_target(y)
 
 
 def _global_sum(t: torch.Tensor) -> torch.Tensor:
@@ -175,14 +260,15 @@ def _global_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def relative_l2(model: FNO, dataset: PDEBench3D, batch_size: int, device) -> float:
+def relative_l2(model: FNO, dataset: PDEBench3D, sharding: Sharding, batch_size: int, device) -> float:
     """Mean over ``dataset``'s trajectories of ``||pred - true|| / ||true||`` over each whole field."""
-    sums = []
+    sums = torch.zeros(len(dataset), 2, dtype=torch.float64, device=device)
     for start in range(0, len(dataset), batch_size):
-        x, y = _batch(dataset, range(start, min(start + batch_size, len(dataset))), device)
-        err = (model(x) - y).square().flatten(1).sum(1, dtype=torch.float64)
-        sums.append(torch.stack([err, y.square().flatten(1).sum(1, dtype=torch.float64)], 1))
-    total = _global_sum(torch.cat(sums))
+        indices = range(start, min(start + batch_size, len(dataset)))
+        x, y = _batch(dataset, indices, sharding, device)
+        err = (_local(model(x)) - y).square().flatten(1).sum(1, dtype=torch.float64)
+        sums[sharding.share(indices)] += torch.stack([err, y.square().flatten(1).sum(1, dtype=torch.float64)], 1)
+    total = _global_sum(sums)
     return float((total[:, 0] / total[:, 1]).sqrt().mean())
 
 
@@ -190,11 +276,13 @@ def _stats(meta: dict) -> Stats:
     return Stats(**{k: tuple(v) for k, v in meta["stats"].items()})
 
 
-def _datasets(config: TrainConfig, data: Path, stats: Stats | None) -> tuple[PDEBench3D, PDEBench3D]:
-    grid = config.grid or (comm.world_size(), 1, 1)
-    options = dict(t_in=config.t_in, t_out=config.t_out)
-    train_set = PDEBench3D(data, grid, stats=stats, **options)
-    test_set = PDEBench3D(data, grid, split="test", stats=train_set.stats, **options)
+def _datasets(
+    config: TrainConfig, data: Path, stats: Stats | None, sharding: Sharding, stride: int = 1
+) -> tuple[PDEBench3D, PDEBench3D]:
+    options = dict(t_in=config.t_in, t_out=config.t_out, stride=stride)
+    where = (sharding.mesh, sharding.field_placements())
+    train_set = PDEBench3D(data, *where, stats=stats, **options)
+    test_set = PDEBench3D(data, *where, split="test", stats=train_set.stats, **options)
     if len(train_set) == 0 or len(test_set) == 0:
         raise ConfigError(f"--data {data}: needs at least two trajectories (one to train on, one to test)")
     return train_set, test_set
@@ -223,8 +311,9 @@ def train(config: TrainConfig) -> list[dict]:
     rank, out = comm.rank(), Path(config.out)
     data = Path(config.data) if config.data is not None else default_data_path()
     resume_from, saved = resume_point(config) if config.resume else (None, None)
-    train_set, test_set = _datasets(config, data, _stats(saved) if saved else None)
-    model = build_model(config, train_set.global_shape, train_set.grid, device)
+    sharding = Sharding.build(config, comm.world_size(), device.type)
+    train_set, test_set = _datasets(config, data, _stats(saved) if saved else None, sharding)
+    model = build_model(config, device, sharding)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     start, history = 0, []
     if resume_from is not None:
@@ -245,18 +334,20 @@ def train(config: TrainConfig) -> list[dict]:
     )
     for epoch in bar:
         began = time.perf_counter()
-        # The same permutation on every rank: each reads its block of the same trajectories.
+        # The same permutation on every rank: each reads its block of its share of the same batches.
         order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
         total = torch.zeros((), dtype=torch.float64, device=device)
         for first in range(0, len(order), config.batch_size):
-            x, y = _batch(train_set, order[first : first + config.batch_size].tolist(), device)
-            loss = F.mse_loss(model(x), y, reduction="sum") / (count * x.shape[0])
+            indices = order[first : first + config.batch_size].tolist()
+            x, y = _batch(train_set, indices, sharding, device)
+            # This rank's share of the global batch's loss: the ranks' losses sum to it.
+            loss = F.mse_loss(_local(model(x)), y, reduction="sum") / (count * len(indices))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total += loss.detach() * x.shape[0]
+            total += loss.detach() * len(indices)
         train_loss = float(_global_sum(total)) / len(train_set)
-        test_l2 = relative_l2(model, test_set, config.batch_size, device)
+        test_l2 = relative_l2(model, test_set, sharding, config.batch_size, device)
         seconds = time.perf_counter() - began
         row = dict(epoch=epoch + 1, train_loss=train_loss, test_rel_l2=test_l2, seconds=seconds)
         history.append(row)
@@ -280,7 +371,7 @@ def train(config: TrainConfig) -> list[dict]:
                 )
     bar.close()
     if history:
-        _plots(out, history, model, test_set, device, config.method)
+        _plots(out, history, model, test_set, sharding, device, config.method)
     return history
 
 
@@ -307,31 +398,43 @@ def evaluate(
     checkpoint: str | Path,
     *,
     data: str | None = None,
+    resolution: int | None = None,
     method: str | None = None,
     grid=None,
+    data_parallel: int = 1,
     device="cpu",
     batch_size: int = 2,
 ) -> dict:
     """Relative L2 on the test split of a checkpoint's model, on however many ranks call this.
 
     ``checkpoint``: a run folder (its latest checkpoint), its ``checkpoints`` folder or one checkpoint.
-    ``data`` defaults to the file the run trained on, ``method`` to the run's (any method loads any
-    other's checkpoint: the weights are the same global ones).
+    ``data`` defaults to the file the run trained on, at its own resolution or at ``resolution``
+    points per spatial dim (every (N / resolution)-th point of a file with N points per dim): the
+    same weights at any resolution, zero-shot super-resolution above the training one. ``method``
+    defaults to the run's (any method loads any other's checkpoint: the weights are the same global
+    ones); ``grid`` and ``data_parallel`` lay out the ranks as for training.
     """
     path = find_checkpoint(checkpoint)
     meta = read_meta(path)
-    config = config_from(meta["config"], grid=grid)
+    config = config_from(meta["config"], grid=grid, data_parallel=data_parallel)
     config.method = method or config.method
     config.data = data or config.data
     where = resolve_device(device)
-    _, test_set = _datasets(config, Path(config.data), _stats(meta))
-    model = build_model(config, test_set.global_shape, test_set.grid, where)
+    _, _, *extents = read_layout(config.data)
+    stride = resolution_stride(extents, resolution)
+    option = f"--resolution {resolution}" if resolution else f"--data {config.data}"
+    check_resolution(config, [n // stride for n in extents], comm.world_size(), option)
+    sharding = Sharding.build(config, comm.world_size(), where.type)
+    _, test_set = _datasets(config, Path(config.data), _stats(meta), sharding, stride)
+    model = build_model(config, where, sharding)
     load_checkpoint(path, model)
-    l2 = relative_l2(model, test_set, batch_size, where)
+    l2 = relative_l2(model, test_set, sharding, batch_size, where)
     return dict(
         checkpoint=str(path),
         epoch=meta["epoch"],
         trained_on=meta["world_size"],
+        trained_resolution=meta["global_shape"],
+        resolution=list(test_set.global_shape),
         ranks=comm.world_size(),
         method=config.method,
         test_rel_l2=l2,
@@ -339,16 +442,30 @@ def evaluate(
     )
 
 
-def _plots(out: Path, history: list[dict], model: FNO, test_set: PDEBench3D, device, method: str) -> None:
+def resolution_stride(extents: Sequence[int], resolution: int | None) -> int:
+    """The stride that reads a grid of ``extents`` points per dim at ``resolution`` points per dim
+    (1 for None); ConfigError unless every extent is ``resolution`` times it."""
+    if resolution is None:
+        return 1
+    stride = max(1, extents[0] // resolution)
+    if any(n != stride * resolution for n in extents):
+        raise ConfigError(
+            f"--resolution {resolution}: the data's {'x'.join(map(str, extents))} grid is not a multiple of it; "
+            f"write a data set at that resolution (drift generate --resolution {resolution}) and pass it as --data"
+        )
+    return stride
+
+
+def _plots(
+    out: Path, history: list[dict], model: FNO, test_set: PDEBench3D, sharding: Sharding, device, method: str
+) -> None:
     """Rank 0: ``loss.png`` (loss and test relative L2 per epoch) and ``slice.png`` (density on the
     mid-z plane at the last predicted time, first test trajectory: prediction, truth, difference)."""
-    from drift.decomposition import gather
-
     with torch.no_grad():
-        x, y = _batch(test_set, [0], device)
-        pred = model(x)[0, 0, ..., -1]
-        true = y[0, 0, ..., -1]
-    pred, true = (gather(t, test_set.global_shape, test_set.grid) for t in (pred, true))
+        x, y = _batch(test_set, [0], sharding, device)
+        pred, true = model(x), sharding.wrap(y, x.shape[:1] + y.shape[1:2] + x.shape[2:])
+    pred, true = (t.full_tensor() if isinstance(t, DTensor) else t for t in (pred, true))
+    pred, true = pred[0, 0, ..., -1], true[0, 0, ..., -1]
     if comm.rank() != 0:
         return
     import matplotlib

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from drift import comm
-from drift.decomposition import check_grid, local_slices
+from drift.layout import Layout
 
 FIELDS = ("density", "pressure", "Vx", "Vy", "Vz")
 COORDINATES = ("x-coordinate", "y-coordinate", "z-coordinate")
@@ -97,25 +97,30 @@ class PDEBench3D(torch.utils.data.Dataset):
 
     Args:
         path: the HDF5 file.
-        grid: ranks per spatial dim (as ``drift.local_slices``) over the selected grid.
+        mesh, placements: a ``DeviceMesh`` and one placement per mesh dim over the spatial dims
+            (x, y, z) of the selected grid, as ``drift.Layout`` takes them: ``Shard(i)`` splits dim i
+            in ``torch.chunk`` blocks, ``Replicate()`` (a data-parallel mesh dim) leaves the field
+            whole. None: one process reads every point. ``layout``: the resulting ``Layout``.
         t_in, t_out: frames 0..t_in-1 are the input, the next t_out frames the target (paper: 5 and 16).
         fields: which fields, in channel order.
         split: "train" (the first trajectories) or "test" (the last ``test_fraction`` of them, at least one
             when the file holds two or more).
         region: per spatial dim a (start, stop) range of the file's grid (default: all of it).
         stride: keep every stride-th point per dim (an int for all dims, or one per dim): downsampling.
-        stats: normalisation; default: computed from the training trajectories (one all-reduce), also for
-            a test split. Pass the training set's ``stats`` to a test set.
-        group: the process group the grid lives on.
+        stats: normalisation; default: computed from the training trajectories (one all-reduce over the
+            mesh), also for a test split. Pass the training set's ``stats`` to a test set.
 
     Item i: ``(x, y)`` float tensors ``(fields, t_in, *local block)`` and ``(fields, t_out, *local block)``,
-    normalised per field, read as hyperslabs: a rank never reads more than its block.
+    normalised per field, read as hyperslabs: a rank never reads more than its block (which may be
+    empty). Every trajectory is readable on every rank: which ones a rank uses (data parallelism) is
+    its training loop's choice.
     """
 
     def __init__(
         self,
         path: str | Path,
-        grid: Sequence[int] = (1, 1, 1),
+        mesh=None,
+        placements: Sequence | None = None,
         *,
         t_in: int = 5,
         t_out: int = 16,
@@ -125,13 +130,12 @@ class PDEBench3D(torch.utils.data.Dataset):
         region: Sequence[tuple[int, int]] | None = None,
         stride: int | Sequence[int] = 1,
         stats: Stats | None = None,
-        group=None,
     ) -> None:
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if t_in < 1 or t_out < 1:
             raise ValueError(f"t_in and t_out must be positive, got {t_in} and {t_out}")
-        self.path, self.fields, self.t_in, self.t_out, self.group = Path(path), tuple(fields), t_in, t_out, group
+        self.path, self.fields, self.t_in, self.t_out, self.mesh = Path(path), tuple(fields), t_in, t_out, mesh
         self._file: h5py.File | None = None  # opened on first read, in the process that reads
         trajectories, frames, *extents = read_layout(self.path, self.fields)
         if frames < t_in + t_out:
@@ -148,11 +152,13 @@ class PDEBench3D(torch.utils.data.Dataset):
                 raise ValueError(f"region {(start, stop)} with stride {step} does not fit extent {n} of dim {dim}")
             selected.append(range(start, stop, step))
         self.global_shape = tuple(len(r) for r in selected)
-        self.grid = check_grid(self.global_shape, grid, comm.world_size(group))
-        block = local_slices(self.global_shape, self.grid, comm.rank(group))
-        # The file's hyperslab of this rank's block of the selected grid.
-        self._slab = tuple(slice(r[s.start], r[s.stop - 1] + 1, r.step) for r, s in zip(selected, block, strict=True))
-        self.local_shape = tuple(s.stop - s.start for s in block)
+        self.layout = Layout(self.global_shape, mesh, placements)
+        self.local_shape = self.layout.local_shape
+        # The file's hyperslab of this rank's block of the selected grid (an empty one for an empty block).
+        self._slab = tuple(
+            slice(r[s.start], r[s.stop - 1] + 1, r.step) if s.stop > s.start else slice(0, 0)
+            for r, s in zip(selected, self.layout.local_slices, strict=True)
+        )
         n_test = max(1, round(trajectories * test_fraction)) if trajectories > 1 else 0
         train = list(range(trajectories - n_test))
         self.trajectories = train if split == "train" else list(range(trajectories - n_test, trajectories))
@@ -169,15 +175,18 @@ class PDEBench3D(torch.utils.data.Dataset):
             raise DataError(f"{self.path}: cannot read dataset {key!r} ({exc})") from None
 
     def _statistics(self, trajectories: list[int]) -> Stats:
-        """Mean and std per field over every frame and point of ``trajectories`` (sums over ranks)."""
+        """Mean and std per field over every frame and point of ``trajectories``: one all-reduce of the
+        per-rank sums over the whole mesh. A mesh dim that does not split the field (data parallel)
+        counts each point once per rank along it, which scales every sum alike and leaves the ratios
+        unchanged."""
         sums = torch.zeros(len(self.fields), 3, dtype=torch.float64)
         frames = slice(0, self.t_in + self.t_out)
         for i, key in enumerate(self.fields):
             for t in trajectories:
                 block = self._read(key, t, frames).astype(np.float64)
                 sums[i] += torch.tensor([block.size, block.sum(), np.square(block).sum()], dtype=torch.float64)
-        if comm.world_size(self.group) > 1:
-            sums = comm.all_reduce(sums, group=self.group)
+        if self.mesh is not None and self.mesh.size() > 1:
+            sums = comm.all_reduce(sums, group=_mesh_group(self.mesh))
         count, total, squares = sums.unbind(1)
         mean = total / count.clamp(min=1)
         std = (squares / count.clamp(min=1) - mean.square()).clamp(min=0).sqrt()
@@ -197,3 +206,10 @@ class PDEBench3D(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None}  # an open HDF5 handle does not travel to loader workers
+
+
+def _mesh_group(mesh):
+    """The process group of every rank of ``mesh``: the default group when the mesh spans it."""
+    if mesh.size() == comm.world_size():
+        return None
+    return comm.subgroup(sorted(mesh.mesh.flatten().tolist()))

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
 from drift import comm
+from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
 from drift.nn.spectral import SpectralConv, layout_of
 from drift.profiling import phase
@@ -63,7 +64,10 @@ class PointwiseLinear(nn.Module):
             # baddbmm adds the (broadcast) bias inside the gemm: one pass over the output instead of two.
             y = torch.baddbmm(bias[None, :, None], weight, flat)
         elif recorded or (add.requires_grad and torch.is_grad_enabled()) or torch.is_autocast_enabled(x.device.type):
-            y = torch.baddbmm(add.reshape(flat.shape[0], self.weight.shape[0], flat.shape[2]), weight, flat) + bias[None, :, None]
+            y = (
+                torch.baddbmm(add.reshape(flat.shape[0], self.weight.shape[0], flat.shape[2]), weight, flat)
+                + bias[None, :, None]
+            )
         else:
             # Unrecorded: accumulate into ``add`` itself (its owner hands it over), no new full-size tensor.
             y = add.reshape(flat.shape[0], self.weight.shape[0], flat.shape[2])
@@ -128,6 +132,12 @@ class FNO(nn.Module):
         first = self.spectral[0]
         if x.dim() != 2 + first.ndim:
             raise ValueError(f"FNO expects (batch, channels, {first.ndim} spatial dims), got shape {tuple(x.shape)}")
+        dtype = self.lift.weight.dtype
+        if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+            raise PlanError(
+                f"FNO input is {x.dtype}, the model's parameters are {dtype}: convert one (model.to(dtype)) "
+                "or run under torch.autocast"
+            )
         layout, local = layout_of(x, first.ndim, first.mesh, first.input_placements)
         y = self.forward_local(local, layout)
         if isinstance(x, DTensor):
@@ -149,7 +159,8 @@ class FNO(nn.Module):
         the largest tensor of an FNO forward, then never exists for the whole block at once."""
         flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
         out = flat.new_empty(x.shape[0], self.project_out.weight.shape[0], flat.shape[2])
-        step = max(1, PROJECTION_CHUNK_BYTES // (x.shape[0] * PROJECTION_WIDTH * x.element_size()))
+        hidden = max(1, x.shape[0]) * self.project_hidden.weight.shape[0] * x.element_size()  # bytes per point
+        step = max(1, PROJECTION_CHUNK_BYTES // hidden)
         for start in range(0, flat.shape[2], step):
             part = flat[..., start : start + step]
             out[..., start : start + step] = self.project_out(F.gelu(self.project_hidden(part)))

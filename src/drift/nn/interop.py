@@ -55,7 +55,7 @@ def from_neuralop_weight(
     weight: torch.Tensor, global_shape: Sequence[int], modes: ModeSpec | Sequence[ModeSpec], real: bool = True
 ) -> torch.Tensor:
     """A neuraloperator dense spectral weight ``(in, out, *counts)`` as drift's global weight
-    ``(in, out, K1, ..., Kd)`` for ``modes`` (load it with ``SpectralConv.load_global_weight``)."""
+    ``(in, out, K1, ..., Kd)`` for ``modes`` (load it with ``layer.load_state_dict({"weight": w})``)."""
     out = weight
     for dim, pos in enumerate(_positions(global_shape, modes, real)):
         if out.shape[2 + dim] != len(pos):

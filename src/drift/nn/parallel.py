@@ -31,7 +31,7 @@ def _roles(mesh, placements: Sequence, d: int) -> tuple[tuple[int, ...], tuple[i
             continue
         else:
             raise ValueError(
-                f"mesh dim {axis} ({mesh.size(axis)} ranks) has placement {p}: each mesh dim must shard the batch "
+                f"mesh dim {axis} ({mesh.size(axis)} ranks) has placement {p!r}: each mesh dim must shard the batch "
                 f"(Shard(0), data parallel) or a spatial dim (Shard(2) .. Shard({d + 1})) of the input"
             )
     return tuple(data), tuple(spatial)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from drift import comm
 from drift._plan import ComplexModule, complex_dtype, real_dtype
@@ -134,6 +134,20 @@ class SpectralConv(ComplexModule):
         where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
         return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """A whole weight loads into a parallelized layer (each rank keeps its share, no communication)
+        and a DTensor weight into a single-device one (gathered whole): state dicts move freely between
+        one device and any mesh."""
+        key = prefix + "weight"
+        value = state_dict.get(key)
+        if isinstance(value, torch.Tensor) and value.shape == self.weight.shape:
+            if isinstance(self.weight, DTensor) and not isinstance(value, DTensor):
+                w = self.weight
+                state_dict[key] = distribute_tensor(value.to(w.device), w.device_mesh, w.placements, src_data_rank=None)
+            elif isinstance(value, DTensor) and not isinstance(self.weight, DTensor):
+                state_dict[key] = value.full_tensor()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @property
     def ndim(self) -> int:
         """The number of spatial dims."""
@@ -148,14 +162,15 @@ class SpectralConv(ComplexModule):
     def plan(self, layout: Layout) -> nn.Module:
         """The plan for ``layout`` (built on first use, resident after; at most ``MAX_PLANS`` kept)."""
         key = _plan_key(layout)
-        plan = self.plans[key] if key in self.plans else None
-        if plan is None:
+        if key in self.plans:
+            plan = self.plans.pop(key)  # back in as the most recently used
+        else:
             plan = self._build_plan(layout)
             if len(self.plans) >= MAX_PLANS:
                 oldest = next(iter(self.plans.keys()))
                 del self.plans[oldest]
                 self._dfno_index.pop(oldest, None)
-            self.plans[key] = plan
+        self.plans[key] = plan
         return plan
 
     def _build_plan(self, layout: Layout) -> nn.Module:
@@ -221,7 +236,8 @@ class SpectralConv(ComplexModule):
         d = self.ndim
         if x.dim() != 2 + d or x.shape[1] != self.in_channels:
             raise ValueError(
-                f"{type(self).__name__} expects (batch, {self.in_channels}, {d} spatial dims), got shape {tuple(x.shape)}"
+                f"{type(self).__name__} expects (batch, {self.in_channels}, {d} spatial dims), "
+                f"got shape {tuple(x.shape)}"
             )
         return layout_of(x, d, self.mesh, self.input_placements)
 
@@ -233,7 +249,9 @@ class SpectralConv(ComplexModule):
             raise PlanError(f"expected a block ending in {layout.local_shape}, got shape {tuple(x.shape)}")
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return self._convolve(x.to(self._precision() if self.real else complex_dtype(self._precision())), layout)
+                return self._convolve(
+                    x.to(self._precision() if self.real else complex_dtype(self._precision())), layout
+                )
         return self._convolve(x, layout)
 
     def _local_weight(self) -> torch.Tensor:
@@ -248,6 +266,7 @@ class SpectralConv(ComplexModule):
         return local
 
     def _convolve(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+        self._precision()
         plan = self.plan(layout)
         w = self._local_weight()
         if self.method == "drift":
