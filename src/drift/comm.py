@@ -11,6 +11,7 @@ default group is that embedded one-rank group.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,45 +41,26 @@ def rank(group=None) -> int:
     return dist.get_rank(group) if is_initialized() else 0
 
 
-_subgroups: dict[tuple, tuple] = {}
-
-
-def subgroup(members: list[int], group=None):
-    """The process group of ``members`` (ranks of ``group``), created once and cached.
-
-    Only the members call this (local synchronisation). The subgroup inherits ``group``'s timeout,
-    so a rank that fails mid-transform makes its peers fail within that timeout, not torch's default.
-    """
-    if len(members) == 1 or world_size(group) == 1:
-        raise ValueError("a subgroup needs at least two ranks of an initialised process group")
-    global_ranks = tuple(dist.get_global_rank(group, r) if group is not None else r for r in members)
-    parent = group or dist.group.WORLD
-    key = (id(parent), global_ranks)
-    cached = _subgroups.get(key)
-    # The cache keeps the parent alive, so its id cannot be reused: a new default group (after
-    # destroy_process_group and a new init) is another key and gets new subgroups.
-    if cached is None:
-        backend = parent._get_backend(_backend_device(group))
-        timeout = getattr(getattr(backend, "options", None), "_timeout", None)  # private: no public getter
-        sub = dist.new_group(list(global_ranks), timeout=timeout, use_local_synchronization=True)
-        _subgroups[key] = cached = (parent, sub)
-    return cached[1]
+def mesh_groups(shape: tuple[int, ...], timeout: datetime.timedelta) -> list:
+    """This rank's process group along each dim of a row-major mesh of ``shape`` over the default
+    group, each created with ``timeout`` (call on every rank). ``init_device_mesh`` gives its
+    sub-groups torch's 30-minute default instead, so a rank failing mid-collective would keep its peers
+    waiting that long."""
+    ranks = torch.arange(world_size()).view(shape)
+    mine = []
+    for dim in range(len(shape)):
+        lines = ranks.movedim(dim, -1).reshape(-1, shape[dim])
+        for line in lines.tolist():
+            group = dist.new_group(line, timeout=timeout)  # every rank creates every group, in order
+            if rank() in line:
+                mine.append(group)
+    return mine
 
 
 def destroy_process_group() -> None:
-    """Leave every process group, the default one and the subgroups ``subgroup`` made.
-
-    Use this rather than ``torch.distributed.destroy_process_group``: the subgroup cache would
-    otherwise keep the destroyed groups, and their backend threads, alive until the interpreter
-    exits, and a backend torn down during interpreter finalization can abort the process.
-    """
-    _subgroups.clear()
+    """Leave the default process group and every group made from it (a DeviceMesh's included)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _backend_device(group) -> torch.device:
-    return torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
 
 
 @dataclass(frozen=True)

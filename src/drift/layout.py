@@ -9,6 +9,7 @@ unpad), so no other module repeats them.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import math
 from collections.abc import Sequence
@@ -278,11 +279,12 @@ def full_placements(layout: Layout, lead: int, data_axes: Sequence[int] = ()) ->
     return tuple(out)
 
 
-def grid_mesh(grid: Sequence[int], device_type: str = "cpu") -> tuple:
+def grid_mesh(grid: Sequence[int], device_type: str = "cpu", *, timeout_s: float = 1800.0) -> tuple:
     """A ``DeviceMesh`` and the placements that split transformed dim i over ``grid[i]`` ranks (the
-    mpi4py-fft style of saying a decomposition): one mesh dim per entry above 1, in dim order. Call on
-    every rank of the default group; its size must be ``prod(grid)``. ``(None, ())`` on one process
-    without a process group."""
+    mpi4py-fft style of saying a decomposition): one mesh dim per entry above 1, in dim order (named
+    "dim<i>"), whose
+    groups time out after ``timeout_s``. Call on every rank of the default group; its size must be
+    ``prod(grid)``. ``(None, ())`` on one process without a process group."""
     grid = tuple(int(p) for p in grid)
     if any(p < 1 for p in grid):
         raise ValueError(f"grid {grid} needs positive entries")
@@ -291,9 +293,12 @@ def grid_mesh(grid: Sequence[int], device_type: str = "cpu") -> tuple:
         raise ValueError(f"grid {grid} has {math.prod(grid)} ranks but the process group has {size}")
     if not comm.is_initialized():
         return None, ()
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh
 
     split = [(i, p) for i, p in enumerate(grid) if p > 1] or [(0, 1)]
-    mesh = init_device_mesh(device_type, tuple(p for _, p in split))
+    shape = tuple(p for _, p in split)
+    groups = comm.mesh_groups(shape, datetime.timedelta(seconds=timeout_s))
+    names = tuple(f"dim{i}" for i, _ in split)
+    mesh = DeviceMesh.from_group(groups, device_type, torch.arange(size).view(shape), mesh_dim_names=names)
     placements = tuple(Shard(i) if p > 1 else Replicate() for i, p in split)
     return mesh, placements

@@ -1,0 +1,167 @@
+"""The DeviceMesh/DTensor redesign against the commit before it: FNO block and model forward, side by side.
+
+For each case, rounds alternate between the source tree of ``--before`` (extracted with ``git archive``)
+and the working tree; each measurement is a fresh ``torchrun`` group of P Gloo ranks (one thread each)
+that times ``--repeats`` forwards after a warm-up, the slowest rank's time between barriers. Prints
+the median per version and the ratio after / before, and writes JSON.
+
+    python benchmarks/redesign_overhead.py [--before 3599d8e] [--rounds 3] [--out results/redesign.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [  # (what, global shape, P, modes, layers)
+    ("block", (64, 64, 32, 30), 1, (8, 8, 8, 16), 1),
+    ("block", (64, 64, 32, 30), 2, (8, 8, 8, 16), 1),
+    ("block", (64, 64, 32, 30), 4, (8, 8, 8, 16), 1),
+    ("fno", (32, 32, 32, 30), 1, (8, 8, 8, 16), 4),
+    ("fno", (32, 32, 32, 30), 4, (8, 8, 8, 16), 4),
+]
+WIDTH = 20
+
+
+def _worker(what: str, shape: tuple, modes: tuple, layers: int, repeats: int) -> None:
+    """One rank: build the block or model with whichever API this tree has, time its forward."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    size = int(os.environ.get("WORLD_SIZE", 1))
+    if size > 1:
+        dist.init_process_group("gloo")
+    grid = (size, 1, 1, 1)
+    x = torch.randn(1, WIDTH if what == "block" else 5, *shape, generator=torch.Generator().manual_seed(0))
+    import drift
+    from drift import nn as dnn
+
+    torch.manual_seed(0)
+    if hasattr(dnn, "parallelize"):  # the DeviceMesh / DTensor API
+        from torch.distributed.tensor import Shard
+
+        mesh, placements = drift.grid_mesh(grid)
+        layout = drift.Layout(shape, mesh, placements)
+        x_local = layout.scatter(x)
+        if what == "block":
+            spectral, pointwise = dnn.SpectralConv(WIDTH, WIDTH, modes), dnn.PointwiseLinear(WIDTH, WIDTH)
+            block = torch.nn.Sequential(spectral, pointwise)
+            if mesh is not None:
+                dnn.parallelize(block, mesh, (Shard(2),))
+
+            def run():
+                return dnn.fno_block(spectral, pointwise, x_local, layout)
+        else:
+            model = dnn.FNO(5, 5, WIDTH, modes, n_layers=layers)
+            xin = x_local
+            if mesh is not None:
+                from drift.layout import to_dtensor
+
+                dnn.parallelize(model, mesh, (Shard(2),))
+                xin = to_dtensor(x_local, mesh, (Shard(2),), x.shape)
+
+            def run():
+                return model(xin)
+    else:  # the grid API before the redesign
+        x_local = drift.scatter(x, grid)
+        if what == "block":
+            spectral = dnn.SpectralConv(WIDTH, WIDTH, shape, modes, grid, seed=0)
+            pointwise = dnn.PointwiseLinear(WIDTH, WIDTH, torch.Generator().manual_seed(0))
+
+            def run():
+                return dnn.fno_block(spectral, pointwise, x_local)
+        else:
+            model = dnn.FNO(5, 5, WIDTH, modes, shape, grid, n_layers=layers, seed=0)
+
+            def run():
+                return model(x_local)
+
+    def barrier():
+        if size > 1:
+            dist.barrier()
+
+    times = []
+    with torch.no_grad():
+        for i in range(repeats + 1):
+            barrier()
+            start = time.perf_counter()
+            run()
+            barrier()
+            if i:
+                times.append(time.perf_counter() - start)
+    if size > 1:
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", 0)) == 0:
+        print("RESULT", json.dumps(times))
+
+
+def _measure(tree: Path, case: tuple, repeats: int) -> list[float]:
+    what, shape, size, modes, layers = case
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS="1")
+    args = [what, "x".join(map(str, shape)), ",".join(map(str, modes)), str(layers), str(repeats)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(size),
+        __file__,
+        "--worker",
+        *args,
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{tree} {case} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default="3599d8e", help="the commit to compare against")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="results/redesign_overhead.json")
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        what, shape, modes, layers, repeats = args.worker
+        parse = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
+        _worker(what, tuple(int(v) for v in shape.split("x")), parse(modes), int(layers), int(repeats))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="drift-before-") as tmp:
+        archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        trees = {"before": Path(tmp), "after": ROOT}
+        for case in CASES:
+            samples: dict[str, list[float]] = {"before": [], "after": []}
+            for _ in range(args.rounds):
+                for name, tree in trees.items():
+                    samples[name] += _measure(tree, case, args.repeats)
+            before, after = (statistics.median(samples[k]) for k in ("before", "after"))
+            row = dict(what=case[0], shape=case[1], ranks=case[2], before_s=before, after_s=after, ratio=after / before)
+            row["samples"] = samples
+            rows.append(row)
+            shape = "x".join(map(str, case[1]))
+            print(
+                f"{case[0]:5s} {shape:12s} P={case[2]}  before {before:7.3f} s  after {after:7.3f} s  "
+                f"after/before {after / before:.3f}",
+                flush=True,
+            )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(dict(before=args.before, rows=rows), indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
