@@ -1,6 +1,6 @@
 """The largest square 2-D complex64 in-place distributed FFT this machine completes, with peak memory.
 
-Each size runs in a fresh group of Gloo ranks (slab grid (P, 1), ``DistributedFFT(inplace=True)``).
+Each size runs in a fresh group of Gloo ranks (slab mesh: dim 0 over P ranks, ``DistributedFFT(inplace=True)``).
 Every rank fills its block chunk by chunk from a seeded generator (no second copy), takes a few
 reference Fourier coefficients of the global field with a ``TruncatedFFT`` first, then runs the
 in-place forward and inverse, checks the coefficients it holds against the reference and the
@@ -61,14 +61,15 @@ def _worker(rank: int, size: int, n: int, port: int, seed: int, out: str) -> Non
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(minutes=30))
     base = _rss_gb()
-    shape, grid = (n, n), (size, 1)
-    plan = drift.DistributedFFT(shape, grid, dtype=torch.float32, inplace=True)
+    shape = (n, n)
+    mesh, placements = drift.grid_mesh((size, 1))
+    plan = drift.DistributedFFT(shape, mesh, placements, dtype=torch.float32, inplace=True)
     block = torch.empty(plan.local_shape, dtype=torch.complex64)
     _fill(block, rank, seed)
     block_gb = block.numel() * block.element_size() / 1e9
     # A few coefficients of the global field, from the blocks, before the in-place transform.
     modes = ([0, 1, n // 3, -1], [0, 2, n // 2, -5])
-    probe = drift.TruncatedFFT(shape, modes, grid, real=False, dtype=torch.float32)
+    probe = drift.TruncatedFFT(shape, modes, mesh, placements, real=False, dtype=torch.float32)
     with torch.inference_mode():
         coeffs = probe.forward(block)
     dist.barrier()
@@ -76,7 +77,7 @@ def _worker(rank: int, size: int, n: int, port: int, seed: int, out: str) -> Non
     spectrum = plan.forward(block)
     dist.barrier()
     forward_s = time.perf_counter() - start
-    mine = plan.output_slices(rank)
+    mine = plan.output_slices()
     coeff_err = 0.0
     for a, fa in enumerate(probe.modes[0]):
         for b, fb in enumerate(probe.modes[1]):
@@ -112,7 +113,7 @@ def _worker(rank: int, size: int, n: int, port: int, seed: int, out: str) -> Non
             "total_peak_rss_gb": float(peak.sum()),
         }
         Path(out).write_text(json.dumps(result))
-    dist.destroy_process_group()
+    drift.comm.destroy_process_group()
 
 
 def main() -> None:

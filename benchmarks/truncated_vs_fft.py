@@ -58,7 +58,7 @@ def main() -> None:
     d = len(shape)
     dims = tuple(range(-d, 0))
 
-    plan = drift.TruncatedFFT(shape, modes, (1,) * d, dtype=torch.float32)
+    plan = drift.TruncatedFFT(shape, modes, dtype=torch.float32)
     kept = [torch.tensor(m) for m in plan.modes]
     index = torch.meshgrid(*kept, indexing="ij")
     half = (*shape[:-1], shape[-1] // 2 + 1)

@@ -1,8 +1,11 @@
-"""Single-process references built on torch.fft, and the error measure the tests use."""
+"""Single-process references built on torch.fft, blocks as torch.chunk cuts them, and the error measure."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+from torch.distributed.tensor import Shard
 
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6}
 
@@ -28,6 +31,35 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a = a.detach().cpu().to(torch.complex128 if a.is_complex() else torch.float64)
     b = b.detach().cpu().to(a.dtype)
     return float((a - b).norm() / b.norm())
+
+
+def chunk_block(n: int, parts: Sequence[int], indices: Sequence[int]) -> slice:
+    """The slice of ``range(n)`` that ``torch.chunk`` gives block ``indices[0]`` of ``parts[0]``, then block
+    ``indices[1]`` of ``parts[1]`` of that, and so on (DTensor's nested ``Shard``); trailing blocks that
+    ``torch.chunk`` does not return are empty."""
+    held = torch.arange(n)
+    for p, i in zip(parts, indices, strict=True):
+        blocks = held.chunk(p)
+        held = blocks[i] if i < len(blocks) else held[len(held) :]
+    start = int(held[0]) if len(held) else n
+    return slice(start, start + len(held))
+
+
+def mesh_block(global_shape, mesh_shape, placements, coordinate) -> tuple[slice, ...]:
+    """The block of a field of ``global_shape`` held at mesh ``coordinate`` when mesh dim a splits dim i
+    for ``placements[a] == Shard(i)`` (several mesh dims on one dim: nested, in mesh order)."""
+    out = []
+    for dim, n in enumerate(global_shape):
+        axes = [a for a, p in enumerate(placements) if isinstance(p, Shard) and p.dim % len(global_shape) == dim]
+        out.append(chunk_block(n, [mesh_shape[a] for a in axes], [coordinate[a] for a in axes]))
+    return tuple(out)
+
+
+def mesh_share(n: int, mesh_shape, placements, coordinate) -> slice:
+    """The share of ``range(n)`` held at mesh ``coordinate`` when ``n`` is chunked over every mesh dim that
+    splits the field (a ``Shard`` placement), in mesh order."""
+    axes = [a for a, p in enumerate(placements) if isinstance(p, Shard)]
+    return chunk_block(n, [mesh_shape[a] for a in axes], [coordinate[a] for a in axes])
 
 
 def _mode_index(modes, device):

@@ -25,13 +25,20 @@ def test_info_reports_versions(capsys):
 
 @pytest.mark.parametrize(
     ("script", "nproc"),
-    [("truncated_fft.py", 1), ("truncated_fft.py", 3), ("distributed_fft.py", 1), ("distributed_fft.py", 4)],
+    [
+        ("truncated_fft.py", 1),
+        ("truncated_fft.py", 3),
+        ("distributed_fft.py", 1),
+        ("distributed_fft.py", 4),
+        ("fno.py", 1),
+        ("fno.py", 4),
+    ],
 )
 def test_readme_examples_run(script, nproc):
     path = str(ROOT / "examples" / script)
     cmd = [sys.executable, path] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run"]
     if nproc > 1:
-        cmd += ["--nproc-per-node", str(nproc), path]
+        cmd += ["--standalone", "--nproc-per-node", str(nproc), path]  # a free port, not the fixed 29500
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr

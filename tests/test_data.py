@@ -1,4 +1,5 @@
-"""PDEBench3D: every rank reads its own block, normalised, on generated files; bad files fail clearly."""
+"""PDEBench3D: every rank reads its own torch.chunk block (over spatial and data-parallel mesh dims),
+normalised, on generated files; bad files fail clearly."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
 
 import drift
 from drift.data import FIELDS, DataError, PDEBench3D, Stats, write_pdebench3d
@@ -61,22 +64,54 @@ def test_region_and_stride_select_the_grid(data_file):
     assert np.allclose(x.numpy(), x_want, atol=1e-5) and np.allclose(y.numpy(), y_want, atol=1e-5)
 
 
-def _rank_reads(path, grid, region, stride):
-    ds = PDEBench3D(path, grid, t_in=2, t_out=3, region=region, stride=stride)
-    slices = drift.local_slices(ds.global_shape, grid, dist.get_rank())
+def _block(shape, mesh_shape, placements, rank) -> tuple[slice, ...]:
+    """The slices of ``rank``'s block from first principles: the mesh's ranks are row-major, and dim i,
+    split by the mesh dim placed ``Shard(i)``, goes in ``torch.chunk``'s blocks (possibly fewer than the
+    ranks: the others hold nothing)."""
+    coords = np.unravel_index(rank, mesh_shape)
+    out = []
+    for dim, n in enumerate(shape):
+        axis = next((a for a, p in enumerate(placements) if p == Shard(dim)), None)
+        chunks = torch.arange(n).chunk(1 if axis is None else mesh_shape[axis])
+        c = 0 if axis is None else coords[axis]
+        out.append(slice(int(chunks[c][0]), int(chunks[c][-1]) + 1) if c < len(chunks) else slice(n, n))
+    return tuple(out)
+
+
+def _mesh(spec):
+    """A grid (ranks per spatial dim, ``drift.grid_mesh``) or an explicit (mesh shape, placements)."""
+    if isinstance(spec[0], int):
+        return drift.grid_mesh(spec)
+    shape, placements = spec
+    return init_device_mesh("cpu", shape), placements
+
+
+def _rank_reads(path, spec, region, stride):
+    mesh, placements = _mesh(spec)
+    ds = PDEBench3D(path, mesh, placements, t_in=2, t_out=3, region=region, stride=stride)
+    slices = _block(ds.global_shape, tuple(mesh.shape), placements, dist.get_rank())
     with drift.comm_log() as log:
-        again = PDEBench3D(path, grid, t_in=2, t_out=3, region=region, stride=stride)
+        again = PDEBench3D(path, mesh, placements, t_in=2, t_out=3, region=region, stride=stride)
     assert log.kinds() == ["all_reduce"] and again.stats == ds.stats
     items = [tuple(t.numpy() for t in ds[i]) for i in range(len(ds))]
     return ds.stats, slices, items
 
 
 @pytest.mark.parametrize(
-    ("grid", "region", "stride"),
-    [((2, 1, 1), None, 1), ((1, 3, 1), [(1, 12), (0, 10), (2, 9)], 2), ((2, 2, 1), None, (1, 2, 1))],
+    ("spec", "region", "stride"),
+    [
+        ((2, 1, 1), None, 1),
+        ((1, 3, 1), [(1, 12), (0, 10), (2, 9)], 2),
+        ((2, 2, 1), None, (1, 2, 1)),
+        # x's 5 points over 4 ranks: torch.chunk blocks of 2, 2, 1 and an empty one
+        ((4, 1, 1), [(2, 7), (0, 10), (0, 9)], 1),
+        # 2 data-parallel ranks (the field whole along them) x 2 ranks splitting z
+        (((2, 2), (Replicate(), Shard(2))), None, 1),
+    ],
 )
-def test_every_rank_reads_its_block(ranks, data_file, grid, region, stride):
-    results = ranks.run(math.prod(grid), _rank_reads, data_file, grid, region, stride)
+def test_every_rank_reads_its_block(ranks, data_file, spec, region, stride):
+    size = math.prod(spec) if isinstance(spec[0], int) else math.prod(spec[0])
+    results = ranks.run(size, _rank_reads, data_file, spec, region, stride)
     stats = results[0][0]
     single = PDEBench3D(data_file, t_in=2, t_out=3, region=region, stride=stride)
     assert np.allclose(stats.mean, single.stats.mean, rtol=1e-9) and np.allclose(stats.std, single.stats.std, rtol=1e-9)
@@ -84,6 +119,7 @@ def test_every_rank_reads_its_block(ranks, data_file, grid, region, stride):
         assert rank_stats == stats
         for t, (x, y) in enumerate(items):
             whole_x, whole_y = (a.numpy() for a in single[t])
+            assert x.shape[2:] == tuple(s.stop - s.start for s in slices)
             assert np.allclose(x, whole_x[(slice(None), slice(None), *slices)], atol=1e-6)
             assert np.allclose(y, whole_y[(slice(None), slice(None), *slices)], atol=1e-6)
 
@@ -128,4 +164,4 @@ def test_bad_files_name_the_file_and_key(tmp_path):
     with pytest.raises(ValueError, match="does not fit extent 12 of dim 0"):
         PDEBench3D(good, t_in=2, t_out=4, region=[(0, 13), (0, 10), (0, 9)])
     with pytest.raises(ValueError, match="has 2 ranks but the process group has 1"):
-        PDEBench3D(good, (2, 1, 1), t_in=2, t_out=4)
+        PDEBench3D(good, *drift.grid_mesh((2, 1, 1)), t_in=2, t_out=4)

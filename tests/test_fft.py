@@ -1,4 +1,4 @@
-"""DistributedFFT against torch.fft and scipy.fft on 1..4 ranks: values, roundtrips, gradients, errors."""
+"""DistributedFFT against torch.fft and scipy.fft on 1..4 ranks: values, roundtrips, gradients, DTensors, errors."""
 
 from __future__ import annotations
 
@@ -10,11 +10,16 @@ import scipy.fft
 import torch
 import torch.distributed as dist
 from harness import RankPool, attempt, check_one_bad_rank, device_for, short_timeout_group
-from reference import TOL, case_id, random_tensor, rel_err
+from meshes import distribute, lead_placements, local_block, mesh_for, rank_coordinates
+from reference import TOL, case_id, mesh_block, random_tensor, rel_err, truncated_spectrum, zero_filled_inverse
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import drift
 
-# (global shape, grid): slab and pencil, 2-D to 4-D, even, odd and prime extents, uneven splits.
+# (global shape, grid): slab and pencil, 2-D to 4-D, even, odd and prime extents, uneven splits, empty
+# blocks (torch.chunk leaves trailing blocks empty: 5 or 2 over 4 ranks, 9 over 4, 1 over 2), transposed
+# dims shorter than their ranks (r2c's half spectra of 4 and 3 over 4 ranks).
 LAYOUTS = [
     ((8, 6), (1, 1)),
     ((5, 6, 7), (1, 1, 1)),
@@ -33,6 +38,12 @@ LAYOUTS = [
     ((8, 8, 8), (4, 1, 1)),
     ((6, 5, 7, 8), (2, 1, 2, 1)),
     ((5, 6, 7, 6), (1, 1, 2, 2)),
+    ((5, 6), (4, 1)),
+    ((2, 8), (4, 1)),
+    ((6, 9, 5), (1, 4, 1)),
+    ((1, 6, 5), (2, 2, 1)),
+    ((8, 4), (4, 1)),
+    ((8, 3), (1, 4)),
 ]
 KINDS = ("c2c", "r2c", "dct2")
 BATCHES = ((), (2,), (2, 3))
@@ -63,12 +74,16 @@ def reference(x: torch.Tensor, d: int, kind: str, norm: str) -> torch.Tensor:
 
 
 def _check_values(shape, grid, kind, dtype, norm, batch):
-    rank, device = dist.get_rank(), device_for(dist.get_rank())
-    plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=dtype, norm=norm, device=device)
+    device = device_for(dist.get_rank())
+    mesh, placements = mesh_for(grid)
+    plan = drift.DistributedFFT(shape, mesh, placements, kind=kind, dtype=dtype, norm=norm, device=device)
     x = random_tensor((*batch, *shape), dtype, 1, complex_=kind == "c2c")
     wide = x.to(torch.complex128 if kind == "c2c" else torch.float64)
-    ref = reference(wide, len(shape), kind, norm)[(..., *plan.output_slices(rank))]
-    x_local = drift.scatter(x.to(device), grid)
+    # This rank's output block is the one torch.chunk cuts for it under the output placements.
+    mine = plan.output_slices()
+    assert mine == mesh_block(plan.output_shape, mesh.shape, plan.output_placements, mesh.get_coordinate())
+    ref = reference(wide, len(shape), kind, norm)[(..., *mine)]
+    x_local = local_block(x, mesh, placements, len(batch))
     with drift.comm_log() as log:
         y = plan.forward(x_local)
         back = plan.inverse(y)
@@ -77,7 +92,7 @@ def _check_values(shape, grid, kind, dtype, norm, batch):
     assert back.shape == x_local.shape and back.dtype == x_local.dtype
     assert rel_err(back, x_local) <= TOL[dtype], rel_err(back, x_local)
     assert set(log.kinds()) <= {"all_to_all"}
-    return len(log.calls), plan.output_slices(rank)
+    return len(log.calls), mine, [plan.output_slices(c) for c in rank_coordinates(mesh)]
 
 
 @pytest.mark.parametrize("case", _cases(), ids=_case_id)
@@ -88,13 +103,15 @@ def test_values_and_roundtrip(ranks, case):
     # The output blocks tile the output shape exactly.
     plan_shape = (*shape[:-1], shape[-1] // 2 + 1) if kind == "r2c" else shape
     count = torch.zeros(plan_shape, dtype=torch.int64)
-    for _, slices in results:
+    for _, slices, _ in results:
         count[slices] += 1
     assert bool((count == 1).all())
+    # output_slices(coordinate) names every rank's block, on every rank.
+    assert all(every == [slices for _, slices, _ in results] for _, _, every in results)
     # One all-to-all per transpose and direction: none on one rank, 1 or 2 each way on slab or pencil grids.
     split = sum(p > 1 for p in grid)
     pre = 1 if kind == "r2c" and grid[-1] > 1 else 0
-    assert {calls for calls, _ in results} == {2 * (split + pre)}
+    assert {calls for calls, _, _ in results} == {2 * (split + pre)}
 
 
 def _loss(out, seed):
@@ -122,10 +139,12 @@ def _differentiable(shape, kind, norm, inverse):
 
 def _check_gradients(shape, grid, kind, norm):
     """Each rank's gradient equals single-process autograd of the sum of every rank's loss."""
-    rank, size, device = dist.get_rank(), dist.get_world_size(), device_for(dist.get_rank())
-    plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=torch.float64, norm=norm, device=device)
-    in_blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
-    out_blocks = [plan.output_slices(r) for r in range(size)]
+    rank, device = dist.get_rank(), device_for(dist.get_rank())
+    mesh, placements = mesh_for(grid)
+    plan = drift.DistributedFFT(shape, mesh, placements, kind=kind, dtype=torch.float64, norm=norm, device=device)
+    coords = rank_coordinates(mesh)
+    in_blocks = [mesh_block(shape, mesh.shape, placements, c) for c in coords]
+    out_blocks = [plan.output_slices(c) for c in coords]
     x = random_tensor((2, *shape), torch.float64, 3, complex_=kind == "c2c")
     y = random_tensor((2, *plan.output_shape), torch.float64, 4, complex_=kind != "dct2")
     for name, run, run_single, inp, mine, theirs in (
@@ -148,6 +167,10 @@ GRADIENT_CASES = [
     ((7, 8, 6), (2, 2, 1), "r2c", "forward"),
     ((5, 6, 4, 7), (1, 2, 1, 2), "c2c", "backward"),
     ((6, 5, 7), (1, 2, 2), "dct2", "backward"),
+    ((5, 6), (4, 1), "c2c", "ortho"),
+    ((6, 9, 5), (1, 4, 1), "r2c", "backward"),
+    ((1, 6, 5), (2, 2, 1), "dct2", "ortho"),
+    ((8, 3), (1, 4), "r2c", "ortho"),
 ]
 
 
@@ -158,7 +181,7 @@ def test_gradients_follow_sum_convention(ranks, case):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_gradcheck_one_rank(kind):
-    plan = drift.DistributedFFT((5, 4, 6), (1, 1, 1), kind=kind, dtype=torch.float64, norm="ortho")
+    plan = drift.DistributedFFT((5, 4, 6), kind=kind, dtype=torch.float64, norm="ortho")
     x = random_tensor((2, 5, 4, 6), torch.float64, 5, complex_=kind == "c2c").requires_grad_(True)
     y = random_tensor((2, *plan.output_shape), torch.float64, 6, complex_=kind != "dct2").requires_grad_(True)
     assert torch.autograd.gradcheck(plan.forward, (x,))
@@ -167,22 +190,22 @@ def test_gradcheck_one_rank(kind):
 
 def test_bad_plans():
     cases = [
-        (dict(global_shape=(8, 8), grid=(2, 1)), "has 2 ranks but the process group has 1"),
-        (dict(global_shape=(8, 8), grid=(1, 1), kind="c2r"), "kind must be one of"),
-        (dict(global_shape=(8, 8), grid=(1, 1), dtype=torch.complex64), "dtype must be"),
-        (dict(global_shape=(8, 8), grid=(1, 1), dtype=torch.int32), "dtype must be"),
-        (dict(global_shape=(8, 8), grid=(1, 1), kind="dct2", norm="forward"), "norm for kind 'dct2'"),
-        (dict(global_shape=(8, 1), grid=(1, 2)), "exceeds its extent"),
+        (lambda: drift.DistributedFFT((8, 8), *drift.grid_mesh((2, 1))), "has 2 ranks but the process group has 1"),
+        (lambda: drift.DistributedFFT((8, 8), kind="c2r"), "kind must be one of"),
+        (lambda: drift.DistributedFFT((8, 8), dtype=torch.complex64), "dtype must be"),
+        (lambda: drift.DistributedFFT((8, 8), dtype=torch.int32), "dtype must be"),
+        (lambda: drift.DistributedFFT((8, 8), kind="dct2", norm="forward"), "norm for kind 'dct2'"),
+        (lambda: drift.DistributedFFT((8, 1), None, (Shard(1),)), "need one entry per dim of the mesh"),
     ]
-    for kwargs, match in cases:
+    for make, match in cases:
         with pytest.raises(ValueError, match=match):
-            drift.DistributedFFT(**kwargs)
+            make()
 
 
 def test_bad_inputs_raise_plan_error():
-    c2c = drift.DistributedFFT((8, 6), (1, 1))
-    r2c = drift.DistributedFFT((8, 6), (1, 1), kind="r2c")
-    dct2 = drift.DistributedFFT((8, 6), (1, 1), kind="dct2")
+    c2c = drift.DistributedFFT((8, 6))
+    r2c = drift.DistributedFFT((8, 6), kind="r2c")
+    dct2 = drift.DistributedFFT((8, 6), kind="dct2")
     real, cplx = torch.randn(8, 6), torch.randn(8, 6, dtype=torch.complex64)
     bad = [
         (c2c.forward, real, "forward input on rank 0 expected dtype torch.complex64"),
@@ -207,38 +230,43 @@ def test_bad_inputs_raise_plan_error():
 def _bad_grids():
     errors = []
     for shape, grid in [((8, 8), (2, 2)), ((8, 8), (8, 1)), ((2, 8), (4, 1)), ((8, 3), (1, 4))]:
-        try:
-            drift.DistributedFFT(shape, grid, kind="r2c")
-        except ValueError as exc:
-            errors.append(str(exc))
+        with drift.comm_log() as log:
+            errors.append(attempt(lambda s=shape, g=grid: drift.DistributedFFT(s, *mesh_for(g), kind="r2c"))[:2])
+        assert log.calls == []
     return errors
 
 
 def test_bad_grids_fail_before_any_collective(ranks):
     for errors in ranks.run(4, _bad_grids):
-        assert "splits every dim" in errors[0]
-        assert "has 8 ranks but the process group has 4" in errors[1]
-        assert "exceeds its extent" in errors[2] and "exceeds its extent" in errors[3]
+        assert "split every dim: at least one dim must be whole" in errors[0][1]
+        assert "has 8 ranks but the process group has 4" in errors[1][1]
+        # Extents below the ranks that split them (the input's 2 rows, the half spectrum's 2 columns) leave
+        # trailing blocks empty, which every step handles.
+        assert errors[2] == errors[3] == (None, "")
 
 
-def _r2c_half_spectrum_too_short():
-    # 4 ranks split dim 0 of (8, 4): the half spectrum of the last dim has 3 entries, too few for 4 ranks.
-    with pytest.raises(ValueError, match="cannot be transposed"):
-        drift.DistributedFFT((8, 4), (4, 1), kind="r2c")
-    # Pruned: after keeping 3 modes of the last dim, 4 ranks cannot split it.
-    with pytest.raises(ValueError, match="cannot be transposed"):
-        drift.DistributedFFT((8, 9), (1, 4), kind="r2c", modes=(2, 3))
-    return drift.DistributedFFT((8, 4), (4, 1), kind="c2c").output_slices(dist.get_rank())
+def _short_transposed_dims():
+    return (
+        # 4 ranks split dim 0 of (8, 4), then the half spectrum of the last dim: 3 entries over 4 ranks.
+        drift.DistributedFFT((8, 4), *mesh_for((4, 1)), kind="r2c").output_slices(),
+        # Pruned: 4 ranks split the 3 kept modes of the last dim after dim 0 (4 kept modes) is transformed.
+        drift.DistributedFFT((8, 9), *mesh_for((1, 4)), kind="r2c", modes=(2, 3)).output_slices(),
+        drift.DistributedFFT((8, 4), *mesh_for((4, 1)), kind="c2c").output_slices(),
+    )
 
 
-def test_transpose_that_does_not_fit_is_an_error(ranks):
-    assert ranks.run(4, _r2c_half_spectrum_too_short) == [(slice(0, 8), slice(r, r + 1)) for r in range(4)]
+def test_transposed_dims_shorter_than_their_ranks_leave_empty_blocks(ranks):
+    # 3 entries over 4 ranks: torch.chunk blocks of 1, the last one empty.
+    short = [slice(0, 1), slice(1, 2), slice(2, 3), slice(3, 3)]
+    assert ranks.run(4, _short_transposed_dims) == [
+        ((slice(0, 8), short[r]), (slice(0, 4), short[r]), (slice(0, 8), slice(r, r + 1))) for r in range(4)
+    ]
 
 
 def _one_bad_rank(timeout_s):
     """Rank 0 passes a float64 block; the others enter the transpose without it."""
-    group = short_timeout_group(timeout_s)
-    plan = drift.DistributedFFT((12, 10, 6), (1, 1, dist.get_world_size()), kind="r2c", group=group)
+    mesh = DeviceMesh.from_group(short_timeout_group(timeout_s), device_for(dist.get_rank()).type)
+    plan = drift.DistributedFFT((12, 10, 6), mesh, (Shard(2),), kind="r2c")
     x = torch.randn(*plan.local_shape, dtype=torch.float64 if dist.get_rank() == 0 else torch.float32)
     return attempt(plan.forward, x)
 
@@ -259,12 +287,13 @@ INPLACE_LAYOUTS = [
 
 
 def _check_inplace(shape, grid, batch, dtype, norm, staging_bytes):
-    rank, device = dist.get_rank(), device_for(dist.get_rank())
-    plan = drift.DistributedFFT(shape, grid, dtype=dtype, norm=norm, device=device, inplace=True)
+    mesh, placements = mesh_for(grid)
+    device = device_for(dist.get_rank())
+    plan = drift.DistributedFFT(shape, mesh, placements, dtype=dtype, norm=norm, device=device, inplace=True)
     plan.staging_bytes = staging_bytes
     x = random_tensor((*batch, *shape), dtype, 9, complex_=True)
-    ref = reference(x.to(torch.complex128), len(shape), "c2c", norm)[(..., *plan.output_slices(rank))]
-    x_local = drift.scatter(x.to(device), grid)
+    ref = reference(x.to(torch.complex128), len(shape), "c2c", norm)[(..., *plan.output_slices())]
+    x_local = local_block(x, mesh, placements, len(batch)).clone(memory_format=torch.contiguous_format)
     storage = x_local.data_ptr()
     with drift.comm_log() as log:
         y = plan.forward(x_local)
@@ -274,8 +303,8 @@ def _check_inplace(shape, grid, batch, dtype, norm, staging_bytes):
     # Every chunk of every exchange fits the staging bound.
     assert all(c.bytes <= staging_bytes for c in log.calls)
     back = plan.inverse(y)
-    assert back.data_ptr() == storage and back.shape == drift.scatter(x, grid).shape
-    assert rel_err(back, drift.scatter(x.to(device), grid)) <= TOL[dtype]
+    assert back.data_ptr() == storage
+    assert rel_err(back, local_block(x, mesh, placements, len(batch))) <= TOL[dtype]
     return len(log.calls)
 
 
@@ -290,8 +319,8 @@ def test_inplace_matches_and_reuses_the_storage(ranks, shape, grid, batch, dtype
 
 def test_inplace_rejects_what_it_cannot_do():
     with pytest.raises(ValueError, match="kind 'r2c' is not supported"):
-        drift.DistributedFFT((8, 8), (1, 1), kind="r2c", inplace=True)
-    plan = drift.DistributedFFT((8, 6), (1, 1), inplace=True, dtype=torch.float64)
+        drift.DistributedFFT((8, 8), kind="r2c", inplace=True)
+    plan = drift.DistributedFFT((8, 6), inplace=True, dtype=torch.float64)
     x = torch.randn(8, 6, dtype=torch.complex128)
     with pytest.raises(drift.PlanError, match="contiguous"):
         plan.forward(x.t().contiguous().t())
@@ -301,7 +330,7 @@ def test_inplace_rejects_what_it_cannot_do():
 
 def _uneven_inplace():
     with pytest.raises(ValueError, match="split evenly"):
-        drift.DistributedFFT((9, 8), (3, 1), inplace=True)
+        drift.DistributedFFT((9, 8), *mesh_for((3, 1)), inplace=True)
     return True
 
 
@@ -314,29 +343,29 @@ PRUNED_CASES = [
     ((11, 13, 6), (2, 2, 1), (2, [0, 4, -3], 2), "r2c"),
     ((9, 8, 10), (1, 3, 1), (3, 3, 4), "c2c"),
     ((8, 9), (1, 4), (2, 4), "r2c"),
+    ((8, 9), (1, 4), (2, 3), "r2c"),
     ((6, 5, 7, 8), (2, 1, 2, 1), (2, 2, 3, 3), "c2c"),
 ]
 
 
 def _check_pruned(shape, grid, modes, kind):
-    from reference import truncated_spectrum, zero_filled_inverse
-
-    rank, device = dist.get_rank(), device_for(dist.get_rank())
-    plan = drift.DistributedFFT(shape, grid, kind=kind, dtype=torch.float64, device=device, modes=modes)
+    device = device_for(dist.get_rank())
+    mesh, placements = mesh_for(grid)
+    plan = drift.DistributedFFT(shape, mesh, placements, kind=kind, dtype=torch.float64, device=device, modes=modes)
     real = kind == "r2c"
     x = random_tensor((2, *shape), torch.float64, 11, complex_=not real)
     spec = truncated_spectrum(x, plan.modes, real, "backward")
     assert plan.output_shape == spec.shape[1:]
     with drift.comm_log() as log:
-        y = plan.forward(drift.scatter(x, grid).to(device))
-    assert rel_err(y, spec[(..., *plan.output_slices(rank))]) <= 1e-12
+        y = plan.forward(local_block(x, mesh, placements, 1))
+    assert rel_err(y, spec[(..., *plan.output_slices())]) <= 1e-12
     xhat = random_tensor(spec.shape, torch.float64, 12, complex_=True)
-    back = plan.inverse(xhat[(..., *plan.output_slices(rank))].to(device))
-    want = zero_filled_inverse(xhat, plan.modes, shape, real, "backward")[(..., *drift.local_slices(shape, grid, rank))]
+    back = plan.inverse(xhat[(..., *plan.output_slices())].to(device))
+    want = local_block(zero_filled_inverse(xhat, plan.modes, shape, real, "backward"), mesh, placements, 1)
     assert rel_err(back, want) <= 1e-12
-    full = drift.DistributedFFT(shape, grid, kind=kind, dtype=torch.float64, device=device)
+    full = drift.DistributedFFT(shape, mesh, placements, kind=kind, dtype=torch.float64, device=device)
     with drift.comm_log() as full_log:
-        full.forward(drift.scatter(x, grid).to(device))
+        full.forward(local_block(x, mesh, placements, 1))
     return log.bytes, full_log.bytes
 
 
@@ -345,3 +374,118 @@ def test_pruned_transform_keeps_only_the_modes(ranks, case):
     shape, grid, modes, kind = case
     for pruned, full in ranks.run(math.prod(grid), _check_pruned, *case):
         assert 0 < pruned < full  # the pruned transposes move only kept modes
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("convert", ["double", "to float64", "float"])
+def test_conversions_change_the_precision(kind, convert):
+    """A plan converted to the other precision computes in it, as exactly as one built in it."""
+    built, dtype = (torch.float64, torch.float32) if convert == "float" else (torch.float32, torch.float64)
+    plan = drift.DistributedFFT((12, 9, 8), kind=kind, dtype=built, norm="ortho")
+    plan = {"double": plan.double, "to float64": lambda: plan.to(torch.float64), "float": plan.float}[convert]()
+    assert plan.dtype == dtype and plan.complex_dtype == {torch.float32: torch.complex64}.get(dtype, torch.complex128)
+    x = random_tensor((2, 12, 9, 8), torch.float64, 17, complex_=kind == "c2c")
+    y = plan.forward(x.to(plan.complex_dtype if kind == "c2c" else dtype))
+    want = reference(x, 3, kind, "ortho")
+    assert y.dtype == (dtype if kind == "dct2" else plan.complex_dtype)
+    assert rel_err(y, want) <= TOL[dtype], rel_err(y, want)
+    assert rel_err(plan.inverse(y), x) <= TOL[dtype]
+
+
+def _linear(t, w):
+    """The real linear functional <w, t> (of ``view_as_real(t)`` for complex t), of DTensors or plain tensors."""
+    return ((torch.view_as_real(t) if t.is_complex() else t) * w).sum()
+
+
+def _check_dtensors(shape, grid, placements, kind, batch):
+    """DTensor in, DTensor out: global values are torch.fft's (scipy's DCT), and the gradient of a DTensor loss on
+    the output, or of a loss on its ``full_tensor()``, is single-process autograd's."""
+    mesh, grid_placements = mesh_for(grid)
+    placements = placements or grid_placements
+    lead, device = len(batch), device_for(dist.get_rank())
+    plan = drift.DistributedFFT(shape, mesh, placements, kind=kind, dtype=torch.float64, norm="ortho", device=device)
+    field_placements = lead_placements(placements, lead)
+    output_placements = lead_placements(plan.output_placements, lead)
+    x = random_tensor((*batch, *shape), torch.float64, 23, complex_=kind == "c2c")
+    y = random_tensor((*batch, *plan.output_shape), torch.float64, 24, complex_=kind != "dct2")
+    runs = [
+        ("forward", plan.forward, _differentiable(shape, kind, "ortho", False), x, field_placements, output_placements),
+        ("inverse", plan.inverse, _differentiable(shape, kind, "ortho", True), y, output_placements, field_placements),
+    ]
+    for seed, (name, run, single, inp, in_placements, out_placements) in enumerate(runs):
+        ref_in = inp.clone().requires_grad_(True)
+        ref_out = single(ref_in)
+        w = random_tensor((torch.view_as_real(ref_out) if ref_out.is_complex() else ref_out).shape, torch.float64, seed)
+        _linear(ref_out, w).backward()
+        for loss in ("dtensor", "full_tensor"):
+            xd = distribute(inp, mesh, in_placements, 0, requires_grad=True)
+            out = run(xd)
+            assert isinstance(out, DTensor) and out.device_mesh == mesh, name
+            assert tuple(out.placements) == out_placements, (name, out.placements)
+            full = out.full_tensor()
+            assert rel_err(full, ref_out) <= 1e-12, (name, rel_err(full, ref_out))
+            if loss == "dtensor":
+                real_out = torch.view_as_real(out) if out.is_complex() else out
+                _linear(out, distribute(w, mesh, real_out.placements, 0)).backward()
+            else:
+                _linear(full, w.to(device)).backward()
+            assert isinstance(xd.grad, DTensor) and tuple(xd.grad.placements) == in_placements, (name, loss)
+            err = rel_err(xd.grad.full_tensor(), ref_in.grad)
+            assert err <= 1e-12, (name, loss, err)
+
+
+DTENSOR_CASES = [
+    ((11, 13, 6), (2, 2, 1), None, "r2c", (2,)),
+    ((5, 6), (4, 1), None, "c2c", (2,)),
+    ((9, 7, 10), (1, 2, 2), None, "dct2", ()),
+    ((11, 13, 6), (2, 2, 1), (Shard(1), Shard(0)), "c2c", ()),
+    ((11, 13), (2, 2), (Replicate(), Shard(1)), "r2c", (2,)),
+]
+
+
+@pytest.mark.parametrize(
+    "case", DTENSOR_CASES, ids=lambda c: case_id(c[0], c[1], c[3], *([] if c[2] is None else [c[2]]))
+)
+def test_dtensor_in_dtensor_out(ranks, case):
+    ranks.run(math.prod(case[1]), _check_dtensors, *case)
+
+
+def _bad_dtensors():
+    """Every bad DTensor layout fails at once on every rank, before any collective."""
+    mesh, placements = mesh_for((2, 2, 1))  # Shard(0), Shard(1) of an (8, 6, 4) field
+    slab, slab_placements = mesh_for((4, 1, 1))
+    plan = drift.DistributedFFT((8, 6, 4), mesh, placements, kind="r2c")
+    x = torch.randn(2, 8, 6, 4)
+    y = torch.randn(2, *plan.output_shape, dtype=torch.complex64)
+    c = mesh.get_coordinate()
+    partial = DTensor.from_local(x[:, 4 * c[1] : 4 * c[1] + 4], mesh, (Partial(), Shard(1)))
+    cases = [
+        (plan.forward, distribute(x, mesh, (Shard(0), Shard(2)), 0)),
+        (plan.forward, distribute(x, mesh, (Shard(2), Shard(1)), 0)),
+        (plan.forward, distribute(x, slab, slab_placements, 1)),
+        (plan.forward, partial),
+        (plan.forward, distribute(x, mesh, (Shard(1), Shard(1)), 0)),
+        (plan.inverse, distribute(y, mesh, (Replicate(), Replicate()), 0)),
+        (plan.inverse, distribute(y, slab, lead_placements(plan.output_placements[:1], 1), 0)),
+        (lambda p: drift.DistributedFFT((8, 6, 4), mesh, p), (Shard(2), Shard(-1))),
+        (lambda p: drift.DistributedFFT((8, 6, 4), mesh, p), (Partial(), Shard(0))),
+    ]
+    errors = []
+    for fn, arg in cases:
+        with drift.comm_log() as log:
+            errors.append(attempt(fn, arg)[:2])
+        assert log.calls == []
+    return errors
+
+
+def test_bad_dtensors_fail_before_any_collective(ranks):
+    for errors in ranks.run(4, _bad_dtensors):
+        kinds, messages = zip(*errors, strict=True)
+        assert all(k in ("ValueError", "PlanError") for k in kinds), errors
+        assert "mesh dim 0 shards the batch dim of a (2, 8, 6, 4) DTensor" in messages[0]
+        assert kinds[1] == kinds[2] == "PlanError" and "does not match the plan's" in messages[1] + messages[2]
+        assert "mesh dim 0: Partial placements are not supported" in messages[3]
+        assert "transformed dim 0 is split over mesh dims 0 and 1" in messages[4]
+        assert kinds[5] == kinds[6] == "PlanError" and "expected" in messages[5] and "expected" in messages[6]
+        assert "transformed dim 2 is split over mesh dims 0 and 1" in messages[7]
+        assert "mesh dim 0: Partial placements are not supported" in messages[8]

@@ -1,5 +1,6 @@
-"""drift train / evaluate: distributed training equals one rank, resume is exact, checkpoints move
-between rank counts and methods, and bad options fail with one line."""
+"""drift train / evaluate: distributed training (spatial, pencil, data x spatial) equals one rank,
+resume is exact, checkpoints move between meshes, rank counts and methods, evaluation works at a finer
+resolution, and bad options fail with one line."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import sys
 import pytest
 import torch
 from harness import DEVICE_ENV
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from drift import comm
 from drift.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from drift.cli import main
 from drift.data import generate
-from drift.train import TrainConfig, build_model, evaluate, train
+from drift.train import Sharding, TrainConfig, build_model, evaluate, train
 
 DEVICE = os.environ.get(DEVICE_ENV, "cpu")
 
@@ -40,11 +42,21 @@ def _train(config: TrainConfig) -> list[dict]:
     return train(config)
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's global value on the CPU (a DTensor's gathered)."""
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+
+
+def _model(config: TrainConfig):
+    sharding = Sharding.build(config, comm.world_size(), torch.device(DEVICE).type)
+    return build_model(config, DEVICE, sharding), sharding
+
+
 def _train_then_state(config: TrainConfig) -> tuple[list[dict], dict]:
     history = train(config)
-    model = build_model(config, (8, 8, 8), config.grid or (comm.world_size(), 1, 1), DEVICE)
+    model, _ = _model(config)
     load_checkpoint(latest_checkpoint(os.path.join(config.out, "checkpoints")), model)
-    return history, {k: v.cpu() for k, v in model.global_state().items()}
+    return history, {k: _full(v) for k, v in model.state_dict().items()}
 
 
 def _losses(history):
@@ -59,9 +71,14 @@ def test_two_ranks_train_like_one(ranks, data, tmp_path):
     one = ranks.run(1, _train, _config(data, tmp_path / "p1"))[0]
     two = ranks.run(2, _train, _config(data, tmp_path / "p2"))
     pencil = ranks.run(4, _train, _config(data, tmp_path / "p4", grid=(2, 2, 1)))
+    # 2 data ranks x 2 spatial: 3 training trajectories in batches of 2, so the last batch leaves a
+    # data rank with none (it still joins the collectives).
+    mixed = ranks.run(4, _train, _config(data, tmp_path / "dp", data_parallel=2))
     assert _losses(two[0]) == _losses(two[1]) and _losses(pencil[0]) == _losses(pencil[3])
+    assert all(_losses(r) == _losses(mixed[0]) for r in mixed)
     assert len(one) == 3 and one[-1]["train_loss"] < one[0]["train_loss"]
     assert _close(_losses(two[0]), _losses(one), 1e-5) and _close(_losses(pencil[0]), _losses(one), 1e-5)
+    assert _close(_losses(mixed[0]), _losses(one), 1e-5)
     rows = [json.loads(line) for line in (tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()]
     assert _losses(rows) == _losses(two[0])
     for name in ("loss.png", "slice.png", "stats.json"):
@@ -91,8 +108,8 @@ def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2, 3]
 
 
-def _evaluate(run, method):
-    return evaluate(run, method=method, device=DEVICE)
+def _evaluate(run, method, **options):
+    return evaluate(run, method=method, device=DEVICE, **options)
 
 
 def test_checkpoint_from_two_ranks_evaluates_anywhere(ranks, data, tmp_path):
@@ -101,51 +118,89 @@ def test_checkpoint_from_two_ranks_evaluates_anywhere(ranks, data, tmp_path):
     last = history[-1]["test_rel_l2"]
     on_one = ranks.run(1, _evaluate, str(run), None)[0]
     assert on_one["ranks"] == 1 and on_one["trained_on"] == 2 and on_one["epoch"] == 3
+    assert on_one["resolution"] == on_one["trained_resolution"] == [8, 8, 8]
     assert abs(on_one["test_rel_l2"] - last) <= 1e-5 * last
     for result in ranks.run(3, _evaluate, str(run), "dfno-pruned"):
         assert abs(result["test_rel_l2"] - last) <= 1e-5 * last
+    # Zero-shot super-resolution: the same weights on a 16^3 data set, on 1 rank, on a 2 x 2 pencil and
+    # on 2 data x 2 spatial ranks with dfno; and read at 8^3 (every other point) with --resolution.
+    fine = tmp_path / "fine.hdf5"
+    generate(fine, samples=2, resolution=16, frames=7, seed=3, progress=False)
+    at16 = ranks.run(1, _evaluate, str(run), None, data=str(fine))[0]
+    assert at16["resolution"] == [16, 16, 16] and at16["test_trajectories"] == 1
+    assert 0 < at16["test_rel_l2"] < 10
+    for method, options in ((None, dict(grid=(2, 2, 1))), ("dfno", dict(data_parallel=2))):
+        for result in ranks.run(4, _evaluate, str(run), method, data=str(fine), **options):
+            assert abs(result["test_rel_l2"] - at16["test_rel_l2"]) <= 1e-5 * at16["test_rel_l2"]
+    at8 = ranks.run(2, _evaluate, str(run), None, data=str(fine), resolution=8)
+    assert at8[0]["resolution"] == [8, 8, 8] and at8[0]["test_rel_l2"] == at8[1]["test_rel_l2"]
+    assert at8[0]["test_rel_l2"] != at16["test_rel_l2"]
 
 
 def _save_and_moments(config: TrainConfig, root: str) -> dict:
-    """Train one epoch without checkpoints of its own, save into ``root``; the global weights and
-    global Adam moments of every spectral weight."""
-    torch.manual_seed(0)
-    grid = config.grid or (comm.world_size(), 1, 1)
-    model = build_model(config, (8, 8, 8), grid, DEVICE)
+    """One Adam step on a random batch, saved into ``root`` (no checkpoints of its own); the global
+    weights, the global Adam moments of every spectral weight and the output after the step."""
+    model, sharding = _model(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    x = torch.randn(1, model.lift.weight.shape[1], *model.spectral[0].plan.local_shape, device=DEVICE)
-    model(x).square().sum().backward()
+    _output(model, sharding).square().sum().backward()
     optimizer.step()
     save_checkpoint(root, 1, model, optimizer, {"epoch": 1})
-    return _global_moments(model, optimizer)
+    return _global_moments(model, optimizer, sharding)
 
 
-def _global_moments(model, optimizer) -> dict:
-    out = {k: v.cpu() for k, v in model.global_state().items()}
+def _output(model, sharding: Sharding) -> torch.Tensor:
+    """The model on a fixed global batch of two (8, 8, 8, 4) fields: this rank's block, a local tensor."""
+    x = torch.randn(2, model.lift.weight.shape[1], 8, 8, 8, 4, generator=torch.Generator().manual_seed(0))
+    x = x.to(DEVICE)
+    if sharding.mesh is not None:
+        x = distribute_tensor(x, sharding.mesh, sharding.placements)
+    y = model(x)
+    return y.to_local() if isinstance(y, DTensor) else y
+
+
+def _global_moments(model, optimizer, sharding: Sharding) -> dict:
+    out = {k: _full(v) for k, v in model.state_dict().items()}
     for i, layer in enumerate(model.spectral):
         for slot in ("exp_avg", "exp_avg_sq"):
-            out[f"{i}.{slot}"] = layer.gather_shares(optimizer.state[layer.weight][slot]).cpu()
+            out[f"{i}.{slot}"] = _full(optimizer.state[layer.weight][slot])
+    with torch.no_grad():
+        y = _output(model, sharding)
+    out["output"] = _full(sharding.wrap(y, (2, y.shape[1], 8, 8, 8, 4)))
     return out
 
 
 def _load_moments(config: TrainConfig, root: str) -> dict:
-    model = build_model(config, (8, 8, 8), config.grid or (comm.world_size(), 1, 1), DEVICE)
+    model, sharding = _model(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     assert load_checkpoint(latest_checkpoint(root), model, optimizer) == {"epoch": 1}
-    return _global_moments(model, optimizer)
+    return _global_moments(model, optimizer, sharding)
 
 
 @pytest.mark.parametrize(
-    ("saved", "loaded"), [((3, "drift"), (2, "dfno-pruned")), ((2, "dfno"), (4, "drift")), ((4, "drift"), (1, "dfno"))]
+    ("saved", "loaded"),
+    [
+        ((3, "drift", 1), (2, "dfno-pruned", 1)),
+        ((2, "dfno", 1), (4, "drift", 1)),
+        ((4, "drift", 1), (1, "dfno", 1)),  # a plain single-process model loads 4 ranks' DTensors
+        ((4, "drift", 1), (2, "dfno-pruned", 1)),
+        ((1, "drift", 1), (4, "dfno-pruned", 2)),  # and 2 data x 2 spatial ranks load a plain model's
+    ],
 )
 def test_checkpoint_reshards_between_ranks_and_methods(ranks, tmp_path, saved, loaded):
     root = str(tmp_path / "ck")
     config = _config(None, tmp_path, modes=(3, 2, 2, 3))
-    want = ranks.run(saved[0], _save_and_moments, dataclasses.replace(config, method=saved[1]), root)[0]
-    for got in ranks.run(loaded[0], _load_moments, dataclasses.replace(config, method=loaded[1]), root):
+    (size, method, data_parallel), (load_size, load_method, load_data_parallel) = saved, loaded
+    want = ranks.run(
+        size, _save_and_moments, dataclasses.replace(config, method=method, data_parallel=data_parallel), root
+    )[0]
+    config = dataclasses.replace(config, method=load_method, data_parallel=load_data_parallel)
+    for got in ranks.run(load_size, _load_moments, config, root):
         assert set(got) == set(want)
         for name, value in want.items():
-            assert torch.equal(got[name], value), name
+            if name == "output":  # another method or layout: the same function up to float32 round-off
+                assert (got[name] - value).abs().max() <= 1e-5 * value.abs().max(), name
+            else:
+                assert torch.equal(got[name], value), name
 
 
 def _drift(*args):
@@ -174,6 +229,8 @@ def _fails_with_one_line(capsys, argv, names) -> None:
         (["--modes", "5"], "--modes"),
         (["--grid", "3x1x1", "--nproc", "2"], "--grid"),
         (["--grid", "9x1x1", "--nproc", "9"], "--grid"),
+        (["--data-parallel", "3", "--nproc", "4"], "--data-parallel"),
+        (["--data-parallel", "2", "--nproc", "4", "--grid", "4x1x1"], "--grid"),
         (["--t-out", "9"], "--t-out"),
         (["--method", "fft"], "--method"),
         (["--lr", "0"], "--lr"),
@@ -191,7 +248,10 @@ def test_bad_data_and_resume_fail_with_one_line(capsys, data, tmp_path):
 
 def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_path):
     out = str(tmp_path / "run")
-    first = _drift("train", "--data", data, "--out", out, "--nproc", "2", "--epochs", "2", *TINY)
+    # Two data-parallel ranks, then one rank without a mesh resumes from their checkpoint.
+    first = _drift(
+        "train", "--data", data, "--out", out, "--nproc", "2", "--data-parallel", "2", "--epochs", "2", *TINY
+    )
     assert first.returncode == 0, first.stderr
     assert "test relative L2" in first.stdout and "outputs in" in first.stdout
     resume = ["train", "--data", data, "--out", out, "--epochs", "3", "--resume", *TINY]
@@ -204,11 +264,15 @@ def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_p
     assert main(["evaluate", out, "--json", str(report)]) == 0
     assert f"test relative L2 {last:.4f}" in capsys.readouterr().out
     assert abs(json.loads(report.read_text())["test_rel_l2"] - last) <= 1e-5 * last
+    _fails_with_one_line(capsys, ["evaluate", out, "--resolution", "3"], "--resolution 3")
+    _fails_with_one_line(capsys, ["evaluate", out, "--resolution", "2"], "--resolution 2")  # modes do not fit
 
 
 def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
     out = tmp_path / "torchrun"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "drift", "train"]
+    # --standalone: a free port, not torchrun's fixed 29500 that another job on the machine may hold
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "drift", "train"]
     cmd += ["--data", data, "--out", str(out), "--epochs", "2", "--lr", "0.01", *TINY]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, f"{done.stderr}\nstdout:\n{done.stdout[-2000:]}"

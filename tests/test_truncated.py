@@ -1,4 +1,4 @@
-"""TruncatedFFT against torch.fft on 1..4 ranks: values, sharded values, inverse, gradients, bytes."""
+"""TruncatedFFT against torch.fft on 1..4 ranks: values, sharded values, inverse, gradients, bytes, DTensors."""
 
 from __future__ import annotations
 
@@ -10,11 +10,24 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import RankPool, attempt, check_one_bad_rank, device_for, short_timeout_group
-from reference import TOL, case_id, random_tensor, rel_err, truncated_spectrum, zero_filled_inverse
+from meshes import distribute, lead_placements, local_block, mesh_for, rank_coordinates
+from reference import (
+    TOL,
+    case_id,
+    mesh_block,
+    mesh_share,
+    random_tensor,
+    rel_err,
+    truncated_spectrum,
+    zero_filled_inverse,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import drift
 
-# (global shape, grid): slab and pencil grids, even, odd and prime extents, uneven splits, 1-D to 4-D.
+# (global shape, grid): slab and pencil grids, even, odd and prime extents, uneven splits, empty blocks
+# (torch.chunk leaves trailing blocks empty: 5 or 9 over 4 ranks, 1 over 2), 1-D to 4-D.
 LAYOUTS = [
     ((13,), (1,)),
     ((8, 6), (1, 1)),
@@ -39,6 +52,10 @@ LAYOUTS = [
     ((8, 8, 8), (1, 1, 4)),
     ((6, 5, 7, 8), (2, 1, 2, 1)),
     ((5, 6, 7, 6), (1, 1, 2, 2)),
+    ((5, 6), (4, 1)),
+    ((6, 9), (1, 4)),
+    ((9, 4, 3), (4, 1, 1)),
+    ((1, 6, 5), (2, 2, 1)),
 ]
 NORMS = ("backward", "ortho", "forward")
 BATCHES = ((), (2,), (2, 3))
@@ -60,9 +77,13 @@ def _explicit_modes(shape, real, rng):
 
 
 def _int_modes(shape, real, wide):
-    """Li et al.'s k per dim; ``wide`` keeps the whole half spectrum on a real last dim."""
+    """Li et al.'s k per dim (frequency 0 alone on an extent of 1); ``wide`` keeps the whole half spectrum on a
+    real last dim."""
     last = len(shape) - 1
-    return [n // 2 + 1 if (real and i == last and wide) else max(1, min(n // 2, 3)) for i, n in enumerate(shape)]
+    return [
+        n // 2 + 1 if (real and i == last and wide) else max(1, min(n // 2, 3)) if n > 1 else [0]
+        for i, n in enumerate(shape)
+    ]
 
 
 def _cases():
@@ -81,32 +102,48 @@ def _case_id(case):
     return case_id(shape, grid, "real" if real else "complex", str(dtype)[6:], norm, f"b{len(batch)}")
 
 
+def _first(s: slice, d: int) -> tuple:
+    """Index of the slice ``s`` of the first of the last ``d`` dims (the first mode dim)."""
+    return (..., s, *[slice(None)] * (d - 1))
+
+
 def _check_values(shape, grid, modes, real, dtype, norm, batch):
-    rank, device = dist.get_rank(), device_for(dist.get_rank())
-    plan = drift.TruncatedFFT(shape, modes, grid, real=real, dtype=dtype, norm=norm, device=device)
+    device = device_for(dist.get_rank())
+    mesh, placements = mesh_for(grid)
+    plan = drift.TruncatedFFT(shape, modes, mesh, placements, real=real, dtype=dtype, norm=norm, device=device)
     d, tol = len(shape), TOL[dtype]
     x = random_tensor((*batch, *shape), dtype, 1, complex_=not real)
     wide = x.to(torch.complex128 if x.is_complex() else torch.float64)
     spec = truncated_spectrum(wide, plan.modes, real, norm)
-    x_local = drift.scatter(x.to(device), grid)
+    x_local = local_block(x, mesh, placements, len(batch))
+    mine = mesh_share(plan.mode_shape[0], mesh.shape, placements, mesh.get_coordinate())
 
     out = plan.forward(x_local)
     assert out.shape == (*batch, *plan.mode_shape) and out.dtype == plan.complex_dtype
     assert rel_err(out, spec) <= tol, rel_err(out, spec)
 
-    share = plan.forward(x_local, out="sharded")
-    expected_share = spec.reshape(*batch, -1)[..., plan.mode_slice(rank)]
-    assert share.shape == expected_share.shape
+    # This rank's partial spectrum: the spectrum of the field that is its block and zero elsewhere.
+    block = mesh_block(shape, mesh.shape, placements, mesh.get_coordinate())
+    alone = torch.zeros_like(wide)
+    alone[(..., *block)] = wide[(..., *block)]
+    partial, want = plan.partial_spectrum(x_local), truncated_spectrum(alone, plan.modes, real, norm)
+    assert partial.shape == want.shape
+    assert rel_err(partial, want) <= tol if want.any() else not partial.any()  # an empty block: zeros
+
+    share = plan.forward(x_local, sharded=True)
+    expected_share = spec[_first(mine, d)]
+    assert share.shape == expected_share.shape == (*batch, *plan.share_shape)
     assert rel_err(share, expected_share) <= tol, rel_err(share, expected_share)
 
     xhat = random_tensor((*batch, *plan.mode_shape), dtype, 2, complex_=True)
-    ref = zero_filled_inverse(xhat.to(torch.complex128), plan.modes, shape, real, norm)[(..., *plan.local_slices)]
+    field = zero_filled_inverse(xhat.to(torch.complex128), plan.modes, shape, real, norm)
+    ref = local_block(field, mesh, placements, len(batch))
     y = plan.inverse(xhat.to(device))
     assert y.shape == (*batch, *plan.local_shape) and y.dtype == (dtype if real else plan.complex_dtype)
     assert rel_err(y, ref) <= tol, rel_err(y, ref)
 
-    xhat_share = xhat.reshape(*batch, -1)[..., plan.mode_slice(rank)].to(device)
-    y_sharded = plan.inverse(xhat_share, inp="sharded")
+    xhat_share = xhat[_first(mine, d)].to(device)
+    y_sharded = plan.inverse(xhat_share, sharded=True)
     assert rel_err(y_sharded, ref) <= tol, rel_err(y_sharded, ref)
     assert len(plan.order) == d and sorted(plan.order) == list(range(d))
 
@@ -125,12 +162,14 @@ def _loss(out, seed):
 def _check_gradients(shape, grid, modes, real, batch):
     """Each rank's gradient equals single-process autograd of the sum of every rank's loss."""
     rank, size, device = dist.get_rank(), dist.get_world_size(), device_for(dist.get_rank())
-    plan = drift.TruncatedFFT(shape, modes, grid, real=real, dtype=torch.float64, device=device)
+    mesh, placements = mesh_for(grid)
+    plan = drift.TruncatedFFT(shape, modes, mesh, placements, real=real, dtype=torch.float64, device=device)
     d = len(shape)
     x = random_tensor((*batch, *shape), torch.float64, 3, complex_=not real)
     xhat = random_tensor((*batch, *plan.mode_shape), torch.float64, 4, complex_=True)
-    blocks = [drift.local_slices(shape, grid, r) for r in range(size)]
-    shares = [plan.mode_slice(r) for r in range(size)]
+    coords = rank_coordinates(mesh)
+    blocks = [mesh_block(shape, mesh.shape, placements, c) for c in coords]
+    shares = [_first(mesh_share(plan.mode_shape[0], mesh.shape, placements, c), d) for c in coords]
 
     def reference(fn, inp):
         inp = inp.detach().clone().requires_grad_(True)
@@ -148,23 +187,19 @@ def _check_gradients(shape, grid, modes, real, batch):
     def field(inp):
         return zero_filled_inverse(inp, plan.modes, shape, real, "backward")
 
-    x_local = drift.scatter(x, grid)
-    flat = xhat.reshape(*batch, -1)
-    my_share = flat[..., shares[rank]]
+    x_local = x[(..., *blocks[rank])]
     checks = {
         "forward": (
             local(plan.forward, x_local),
             reference(lambda t: [spectrum(t)] * size, x)[(..., *blocks[rank])],
         ),
         "forward sharded": (
-            local(lambda t: plan.forward(t, out="sharded"), x_local),
-            reference(lambda t: [spectrum(t).reshape(*batch, -1)[..., s] for s in shares], x)[(..., *blocks[rank])],
+            local(lambda t: plan.forward(t, sharded=True), x_local),
+            reference(lambda t: [spectrum(t)[s] for s in shares], x)[(..., *blocks[rank])],
         ),
         "inverse sharded": (
-            local(lambda t: plan.inverse(t, inp="sharded"), my_share),
-            reference(lambda t: [field(t.reshape(*batch, *plan.mode_shape))[(..., *b)] for b in blocks], flat)[
-                ..., shares[rank]
-            ],
+            local(lambda t: plan.inverse(t, sharded=True), xhat[shares[rank]]),
+            reference(lambda t: [field(t)[(..., *b)] for b in blocks], xhat)[shares[rank]],
         ),
         "forward then inverse": (
             local(lambda t: plan.inverse(plan.forward(t)), x_local),
@@ -189,6 +224,9 @@ GRADIENT_CASES = [
     ((5, 6, 4, 7), (1, 1, 2, 2), [1, 2, 2, 3], True, ()),
     ((11,), (1,), [[3, -1, 0]], False, (3,)),
     ((6, 5, 4), (1, 1, 1), [2, 2, 2], True, (2,)),
+    ((5, 6), (4, 1), [2, 3], True, (2,)),
+    ((9, 4, 3), (4, 1, 1), [1, [0, -1], 1], False, ()),
+    ((1, 6, 5), (2, 2, 1), [[0], 2, 2], True, (2,)),
 ]
 
 
@@ -201,28 +239,49 @@ def test_gradients_follow_sum_convention(ranks, case):
 
 @pytest.mark.parametrize("real", [True, False])
 def test_gradcheck_one_rank(real):
-    plan = drift.TruncatedFFT((6, 5, 4), (2, [0, 2, -1], 2), (1, 1, 1), real=real, dtype=torch.float64)
+    plan = drift.TruncatedFFT((6, 5, 4), (2, [0, 2, -1], 2), real=real, dtype=torch.float64)
     x = random_tensor((2, 6, 5, 4), torch.float64, 5, complex_=not real).requires_grad_(True)
     xhat = random_tensor((2, *plan.mode_shape), torch.float64, 6, complex_=True).requires_grad_(True)
     assert torch.autograd.gradcheck(plan.forward, (x,))
-    assert torch.autograd.gradcheck(lambda t: plan.forward(t, out="sharded"), (x,))
+    assert torch.autograd.gradcheck(lambda t: plan.forward(t, sharded=True), (x,))
     assert torch.autograd.gradcheck(plan.inverse, (xhat,))
 
 
 def test_embedded_default_matches_reference():
     """World size 1 without init_process_group: the plan runs and issues no collective."""
     assert not dist.is_initialized()
-    plan = drift.TruncatedFFT((10, 8), (3, 4), (1, 1), dtype=torch.float64)
+    plan = drift.TruncatedFFT((10, 8), (3, 4), dtype=torch.float64)
     x = random_tensor((3, 10, 8), torch.float64, 7)
     with drift.comm_log() as log:
         out = plan.forward(x)
-        share = plan.forward(x, out="sharded")
+        share = plan.forward(x, sharded=True)
         y = plan.inverse(out)
     assert log.calls == []
     spec = truncated_spectrum(x, plan.modes, True, "backward")
     assert rel_err(out, spec) <= 1e-12
-    assert rel_err(share, spec.reshape(3, -1)) <= 1e-12
+    assert rel_err(share, spec) <= 1e-12
     assert rel_err(y, zero_filled_inverse(spec, plan.modes, (10, 8), True, "backward")) <= 1e-12
+    assert rel_err(plan.partial_spectrum(x), spec) <= 1e-12  # one rank: its partial spectrum is the spectrum
+
+
+@pytest.mark.parametrize("real", [True, False])
+@pytest.mark.parametrize("convert", ["double", "to float64", "float"])
+def test_conversions_rebuild_exact_bases(real, convert):
+    """A plan converted to the other precision is as exact as one built in it."""
+    built, dtype = (torch.float64, torch.float32) if convert == "float" else (torch.float32, torch.float64)
+    plan = drift.TruncatedFFT((12, 9, 8), (3, [0, 4, -2], 3), real=real, dtype=built)
+    plan = {"double": plan.double, "to float64": lambda: plan.to(torch.float64), "float": plan.float}[convert]()
+    assert plan.dtype == dtype and plan.complex_dtype == (
+        torch.complex64 if dtype == torch.float32 else torch.complex128
+    )
+    x = random_tensor((2, 12, 9, 8), torch.float64, 15, complex_=not real)
+    xhat = random_tensor((2, *plan.mode_shape), torch.float64, 16, complex_=True)
+    spec = truncated_spectrum(x, plan.modes, real, "backward")
+    out = plan.forward(x.to(dtype if real else plan.complex_dtype))
+    y = plan.inverse(xhat.to(plan.complex_dtype))
+    assert out.dtype == plan.complex_dtype and rel_err(out, spec) <= TOL[dtype], rel_err(out, spec)
+    want = zero_filled_inverse(xhat, plan.modes, (12, 9, 8), real, "backward")
+    assert rel_err(y, want) <= TOL[dtype], rel_err(y, want)
 
 
 def test_flop_optimal_order():
@@ -236,13 +295,14 @@ def test_flop_optimal_order():
 
 def _bytes_per_call(shape, grid, modes, batch):
     device = device_for(dist.get_rank())
-    plan = drift.TruncatedFFT(shape, modes, grid, dtype=torch.float32, device=device)
-    x = drift.scatter(random_tensor((batch, *shape), torch.float32, 8).to(device), grid).requires_grad_(True)
+    mesh, placements = mesh_for(grid)
+    plan = drift.TruncatedFFT(shape, modes, mesh, placements, dtype=torch.float32, device=device)
+    x = local_block(random_tensor((batch, *shape), torch.float32, 8), mesh, placements, 1).requires_grad_(True)
     records = {}
     for name, run in {
         "forward": lambda: plan.forward(x),
-        "forward sharded": lambda: plan.forward(x, out="sharded"),
-        "inverse sharded": lambda: plan.inverse(plan.forward(x.detach(), out="sharded"), inp="sharded"),
+        "forward sharded": lambda: plan.forward(x, sharded=True),
+        "inverse sharded": lambda: plan.inverse(plan.forward(x.detach(), sharded=True), sharded=True),
         "inverse": lambda: plan.inverse(plan.forward(x.detach())),
     }.items():
         with drift.comm_log() as log:
@@ -250,26 +310,40 @@ def _bytes_per_call(shape, grid, modes, batch):
         records[name] = [(c.kind, c.bytes, c.wire_bytes) for c in log.calls]
         if out.requires_grad:
             with drift.comm_log() as log:
-                torch.view_as_real(out).sum().backward()
+                _loss(out, 0).backward()
             records[name + " backward"] = [(c.kind, c.bytes) for c in log.calls]
-    return records, plan.num_modes
+    return records, plan.mode_shape
 
 
-@pytest.mark.parametrize("size", [2, 3, 4])
-def test_bytes_depend_on_modes_not_extents(ranks, size):
-    modes, batch = (3, 2, 4), 2
-    small = ranks.run(size, _bytes_per_call, (12, 10, 9), (size, 1, 1), modes, batch)
-    large = ranks.run(size, _bytes_per_call, (48, 40, 30), (size, 1, 1), modes, batch)
+@pytest.mark.parametrize("grid", [(2, 1, 1), (3, 1, 1), (4, 1, 1), (2, 2, 1)], ids=str)
+def test_bytes_depend_on_modes_not_extents(ranks, grid):
+    modes, batch, size = (3, 2, 4), 2, math.prod(grid)
+    small = ranks.run(size, _bytes_per_call, (12, 10, 9), grid, modes, batch)
+    large = ranks.run(size, _bytes_per_call, (48, 40, 30), grid, modes, batch)
     assert [r for r, _ in small] == [r for r, _ in large]
-    records, m = small[0]
-    payload = batch * m * 8  # complex64
-    padded = size * batch * -(-m // size) * 8
-    assert records["forward"] == [("all_reduce", payload, 2 * (size - 1) * payload // size)]
-    assert records["forward backward"] == [("all_reduce", payload)]
-    assert records["forward sharded"] == [("reduce_scatter", padded, (size - 1) * padded // size)]
-    assert records["forward sharded backward"] == [("all_gather", padded // size)]
-    assert [k for k, *_ in records["inverse sharded"]] == ["reduce_scatter", "all_gather"]
-    assert [k for k, *_ in records["inverse"]] == ["all_reduce"]
+    records, mode_shape = small[0]
+    # k = 3 keeps 2k = 6 frequencies of dim 0, k = 2 keeps 4 of dim 1, the half spectrum keeps 0..3 of dim 2.
+    k1, rest = 6, 4 * 4
+    assert mode_shape == (k1, 4, 4)
+    payload = batch * k1 * rest * 8  # complex64
+    # One collective per mesh dim that splits the field, the outermost first. A reduce-scatter pads K1 rows
+    # to a multiple of its ranks (torch.chunk shares of ceil(K1 / P) rows); the next one splits this
+    # rank's share again, and the backward all-gathers run innermost first.
+    parts = [p for p in grid if p > 1]
+    rows, scatters, gathers = k1, [], []
+    for p in parts:
+        c = -(-rows // p)
+        padded = batch * p * c * rest * 8
+        scatters.append(("reduce_scatter", padded, (p - 1) * padded // p))
+        gathers.insert(0, ("all_gather", padded // p))
+        rows = c  # rank 0's share: the first chunk
+    reduces = [("all_reduce", payload, 2 * (p - 1) * payload // p) for p in parts]
+    assert records["forward"] == reduces
+    assert records["forward backward"] == [("all_reduce", payload)] * len(parts)
+    assert records["forward sharded"] == scatters
+    assert records["forward sharded backward"] == gathers
+    assert [k for k, *_ in records["inverse sharded"]] == ["reduce_scatter"] * len(parts) + ["all_gather"] * len(parts)
+    assert [k for k, *_ in records["inverse"]] == ["all_reduce"] * len(parts)
 
 
 def test_bad_modes():
@@ -287,27 +361,27 @@ def test_bad_modes():
     ]
     for shape, modes, match in cases:
         with pytest.raises(ValueError, match=match):
-            drift.TruncatedFFT(shape, modes, (1, 1))
-    drift.TruncatedFFT((8, 6), (4, [0, -3]), (1, 1), real=False)  # 2k == N keeps every frequency
+            drift.TruncatedFFT(shape, modes)
+    drift.TruncatedFFT((8, 6), (4, [0, -3]), real=False)  # 2k == N keeps every frequency
     with pytest.raises(ValueError, match="dim 1: index -2 is beyond the half spectrum"):
-        drift.TruncatedFFT((8, 6), (4, [0, -2]), (1, 1))
+        drift.TruncatedFFT((8, 6), (4, [0, -2]))
 
 
 def test_bad_plans():
     with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64"):
-        drift.TruncatedFFT((8,), 2, (1,), dtype=torch.int64)
+        drift.TruncatedFFT((8,), 2, dtype=torch.int64)
     with pytest.raises(ValueError, match="dtype must be"):
-        drift.TruncatedFFT((8,), 2, (1,), dtype=torch.complex64)
+        drift.TruncatedFFT((8,), 2, dtype=torch.complex64)
     with pytest.raises(ValueError, match="norm must be one of"):
-        drift.TruncatedFFT((8,), 2, (1,), norm="unitary")
+        drift.TruncatedFFT((8,), 2, norm="unitary")
     with pytest.raises(ValueError, match="has 2 ranks but the process group has 1"):
-        drift.TruncatedFFT((8, 8), 2, (2, 1))
-    with pytest.raises(ValueError, match="exceeds its extent"):
-        drift.TruncatedFFT((8, 1), 1, (1, 2))
+        drift.TruncatedFFT((8, 8), 2, *drift.grid_mesh((2, 1)))
+    with pytest.raises(ValueError, match="need one entry per dim of the mesh"):
+        drift.TruncatedFFT((8, 8), 2, None, (Shard(0),))
 
 
 def test_bad_inputs_raise_plan_error():
-    plan = drift.TruncatedFFT((8, 6), (2, 3), (1, 1))
+    plan = drift.TruncatedFFT((8, 6), (2, 3))
     good = torch.randn(8, 6)
     bad = {
         "shape": torch.randn(8, 7),
@@ -324,14 +398,14 @@ def test_bad_inputs_raise_plan_error():
         plan.inverse(torch.zeros(4, 4, dtype=torch.complex64))
     with pytest.raises(drift.PlanError, match="complex64"):
         plan.inverse(torch.zeros(4, 3))
-    with pytest.raises(ValueError, match="out must be"):
-        plan.forward(good, out="scattered")
+    with pytest.raises(drift.PlanError, match=r"sharded inverse input on rank 0 expected shape \(\*batch, 4, 3\)"):
+        plan.inverse(torch.zeros(3, 3, dtype=torch.complex64), sharded=True)
     assert issubclass(drift.PlanError, ValueError)
 
 
 def test_non_strict_plan_converts_dtype():
-    strict = drift.TruncatedFFT((8, 6), (2, 3), (1, 1), dtype=torch.float32)
-    loose = drift.TruncatedFFT((8, 6), (2, 3), (1, 1), dtype=torch.float32, strict=False)
+    strict = drift.TruncatedFFT((8, 6), (2, 3), dtype=torch.float32)
+    loose = drift.TruncatedFFT((8, 6), (2, 3), dtype=torch.float32, strict=False)
     x = torch.randn(8, 6, dtype=torch.float64)
     assert torch.equal(loose.forward(x), strict.forward(x.float()))
     with pytest.raises(drift.PlanError):
@@ -342,8 +416,8 @@ def test_non_strict_plan_converts_dtype():
 
 def _one_bad_rank(timeout_s):
     """Rank 0 passes a block of the wrong shape; the others enter the all-reduce without it."""
-    group = short_timeout_group(timeout_s)
-    plan = drift.TruncatedFFT((12, 10), (2, 2), (dist.get_world_size(), 1), group=group)
+    mesh = DeviceMesh.from_group(short_timeout_group(timeout_s), device_for(dist.get_rank()).type)
+    plan = drift.TruncatedFFT((12, 10), (2, 2), mesh, (Shard(0),))
     rows = plan.local_shape[0] + (1 if dist.get_rank() == 0 else 0)
     return attempt(plan.forward, torch.randn(rows, 10))
 
@@ -357,15 +431,122 @@ def test_one_bad_rank_fails_all_within_the_group_timeout():
 @pytest.mark.parametrize("real", [True, False])
 def test_chunked_unrecorded_passes_match(real):
     """Passes autograd does not record run in chunks of rows bounded by work_bytes."""
-    plan = drift.TruncatedFFT((10, 9, 8), (3, [0, 2, -1], 3), (1, 1, 1), real=real, dtype=torch.float64)
+    plan = drift.TruncatedFFT((10, 9, 8), (3, [0, 2, -1], 3), real=real, dtype=torch.float64)
     x = random_tensor((5, 3, 10, 9, 8), torch.float64, 13, complex_=not real)
     xhat = random_tensor((5, 3, *plan.mode_shape), torch.float64, 14, complex_=True)
-    whole = plan.forward(x), plan.forward(x, out="sharded"), plan.inverse(xhat)
+    whole = plan.forward(x), plan.forward(x, sharded=True), plan.inverse(xhat)
     plan.work_bytes = 1  # one row per chunk
-    chunked = plan.forward(x), plan.forward(x, out="sharded"), plan.inverse(xhat)
+    chunked = plan.forward(x), plan.forward(x, sharded=True), plan.inverse(xhat)
     for a, b in zip(whole, chunked, strict=True):
         assert rel_err(b, a) <= 1e-12
     with torch.no_grad():
         y = plan.inverse(xhat.requires_grad_(True))
     assert rel_err(y, whole[2]) <= 1e-12
     assert rel_err(plan.forward(x.clone().requires_grad_(True)), whole[0]) <= 1e-12
+
+
+def _linear(t, w):
+    """The real linear functional <w, t> (of ``view_as_real(t)`` for complex t), of DTensors or plain tensors."""
+    return ((torch.view_as_real(t) if t.is_complex() else t) * w).sum()
+
+
+def _check_dtensors(shape, grid, placements, modes, real, batch):
+    """DTensor in, DTensor out: global values are torch.fft's, and the gradient of a DTensor loss on the output,
+    or of a loss on its ``full_tensor()``, is single-process autograd's."""
+    mesh, grid_placements = mesh_for(grid)
+    placements = placements or grid_placements
+    lead, device = len(batch), device_for(dist.get_rank())
+    plan = drift.TruncatedFFT(shape, modes, mesh, placements, real=real, dtype=torch.float64, device=device)
+    field_placements = lead_placements(placements, lead)
+    share_placements = tuple(Shard(lead) if isinstance(p, Shard) else Replicate() for p in placements)
+    replicated = (Replicate(),) * mesh.ndim
+    x = random_tensor((*batch, *shape), torch.float64, 21, complex_=not real)
+    xhat = random_tensor((*batch, *plan.mode_shape), torch.float64, 22, complex_=True)
+
+    def spectrum(t):
+        return truncated_spectrum(t, plan.modes, real, "backward")
+
+    def field(t):
+        return zero_filled_inverse(t, plan.modes, shape, real, "backward")
+
+    runs = [
+        ("forward", plan.forward, spectrum, x, field_placements, replicated),
+        ("forward sharded", lambda t: plan(t, sharded=True), spectrum, x, field_placements, share_placements),
+        ("inverse", plan.inverse, field, xhat, replicated, field_placements),
+        ("inverse sharded", lambda t: plan.inverse(t, sharded=True), field, xhat, share_placements, field_placements),
+    ]
+    for seed, (name, run, single, inp, in_placements, out_placements) in enumerate(runs):
+        ref_in = inp.clone().requires_grad_(True)
+        ref_out = single(ref_in)
+        w = random_tensor((torch.view_as_real(ref_out) if ref_out.is_complex() else ref_out).shape, torch.float64, seed)
+        _linear(ref_out, w).backward()
+        for loss in ("dtensor", "full_tensor"):
+            xd = distribute(inp, mesh, in_placements, 0, requires_grad=True)
+            y = run(xd)
+            assert isinstance(y, DTensor) and y.device_mesh == mesh, name
+            assert tuple(y.placements) == out_placements, (name, y.placements)
+            full = y.full_tensor()
+            assert rel_err(full, ref_out) <= 1e-12, (name, rel_err(full, ref_out))
+            if loss == "dtensor":
+                real_y = torch.view_as_real(y) if y.is_complex() else y
+                _linear(y, distribute(w, mesh, real_y.placements, 0)).backward()
+            else:
+                _linear(full, w.to(device)).backward()
+            assert isinstance(xd.grad, DTensor) and tuple(xd.grad.placements) == in_placements, (name, loss)
+            err = rel_err(xd.grad.full_tensor(), ref_in.grad)
+            assert err <= 1e-12, (name, loss, err)
+
+
+DTENSOR_CASES = [
+    ((9, 7, 6), (2, 2, 1), None, (3, 2, 3), True, (2,)),
+    ((5, 6), (4, 1), None, (2, 3), False, (2,)),
+    ((11, 13), (2, 2), (Shard(1), Shard(0)), (4, [0, 2, 5]), True, ()),
+    ((11, 13), (2, 2), (Replicate(), Shard(1)), (3, 4), False, (2,)),
+]
+
+
+@pytest.mark.parametrize("case", DTENSOR_CASES, ids=lambda c: case_id(c[0], c[1], *([] if c[2] is None else [c[2]])))
+def test_dtensor_in_dtensor_out(ranks, case):
+    ranks.run(math.prod(case[1]), _check_dtensors, *case)
+
+
+def _bad_dtensors():
+    """Every bad DTensor layout and plan placement fails at once on every rank, before any collective."""
+    mesh, placements = mesh_for((2, 2))  # Shard(0), Shard(1) of an (8, 6) field
+    slab, slab_placements = mesh_for((4, 1))
+    plan = drift.TruncatedFFT((8, 6), (2, 2), mesh, placements)
+    x = torch.randn(2, 8, 6)
+    xhat = torch.randn(2, *plan.mode_shape, dtype=torch.complex64)
+    partial = DTensor.from_local(x[..., 3 * mesh.get_coordinate()[1] :][..., :3], mesh, (Partial(), Shard(2)))
+    cases = [
+        (plan.forward, distribute(x, mesh, (Shard(0), Shard(2)), 0)),
+        (plan.forward, distribute(x, mesh, (Shard(2), Shard(1)), 0)),
+        (plan.forward, distribute(x, slab, slab_placements, 1)),
+        (plan.forward, partial),
+        (plan.forward, distribute(x, mesh, (Shard(1), Shard(1)), 0)),
+        (plan.inverse, distribute(xhat, mesh, (Shard(1), Shard(1)), 0)),
+        (lambda t: plan.inverse(t, sharded=True), distribute(xhat, mesh, (Replicate(), Replicate()), 0)),
+        (plan.inverse, distribute(xhat[..., :1], mesh, (Replicate(), Replicate()), 0)),
+        (lambda p: drift.TruncatedFFT((8, 6), 2, mesh, p), (Shard(1), Shard(-1))),
+        (lambda p: drift.TruncatedFFT((8, 6), 2, mesh, p), (Shard(0), Partial())),
+    ]
+    errors = []
+    for fn, arg in cases:
+        with drift.comm_log() as log:
+            errors.append(attempt(fn, arg)[:2])
+        assert log.calls == []
+    return errors
+
+
+def test_bad_dtensors_fail_before_any_collective(ranks):
+    for errors in ranks.run(4, _bad_dtensors):
+        kinds, messages = zip(*errors, strict=True)
+        assert all(k in ("ValueError", "PlanError") for k in kinds), errors
+        assert "mesh dim 0 shards the batch dim of a (2, 8, 6) DTensor" in messages[0]
+        assert kinds[1] == kinds[2] == "PlanError" and "does not match the plan's" in messages[1] + messages[2]
+        assert "mesh dim 0: Partial placements are not supported" in messages[3]
+        assert "transformed dim 0 is split over mesh dims 0 and 1" in messages[4]
+        assert kinds[5] == kinds[6] == "PlanError" and "expected" in messages[5] and "sharded=True" in messages[6]
+        assert kinds[7] == "PlanError" and "does not match the plan's modes (4, 2)" in messages[7]
+        assert "transformed dim 1 is split over mesh dims 0 and 1" in messages[8]
+        assert "mesh dim 1: Partial placements are not supported" in messages[9]

@@ -304,13 +304,11 @@ class DistributedFFT(ComplexModule):
         def swap(split: int, candidates) -> None:
             a = axis[split]
             parts = layout.axis_size(a)
-            fits = [j for j in candidates if axis[j] is None and extents[j] >= parts]
-            if not fits:
-                raise ValueError(
-                    f"placements {layout.placements} cannot be transposed: no whole dim of global_shape "
-                    f"{self.global_shape} can take the {parts}-way split of dim {split}"
-                )
-            whole = max(fits)
+            # A whole dim is always among the candidates (the whole dims are as many as at the start, and
+            # transformed by now). One that every rank gets a part of is preferred; a shorter one leaves
+            # trailing blocks empty (torch.chunk), which every step handles.
+            whole_dims = [j for j in candidates if axis[j] is None]
+            whole = max([j for j in whole_dims if extents[j] >= parts] or whole_dims)
             coord = layout.coordinate[a]
             sizes = (tuple(chunk_sizes(extents[split], parts)), tuple(chunk_sizes(extents[whole], parts)))
             steps.append(_Transpose(split, whole, *sizes, coord, layout.group(a)))

@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -42,6 +43,9 @@ from drift.launch import launched, process_group
 from drift.layout import chunk_sizes, chunk_slice, to_dtensor
 from drift.nn import FNO, METHODS, parallelize
 from drift.truncated import mode_lists
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 # The small data set `drift train` writes when --data is not given.
 DEFAULT_DATA = dict(samples=64, resolution=16, frames=21, seed=0)
@@ -168,7 +172,7 @@ class Sharding:
     """Where a run's tensors live: its device mesh (None on one rank) and the placements of the FNO's
     inputs ``(batch, channels, x, y, z, t)`` over it (``Shard(0)`` on the "data" mesh dim)."""
 
-    mesh: object
+    mesh: DeviceMesh | None
     placements: tuple
 
     @classmethod

@@ -2,8 +2,10 @@
 (and ``benchmarks/layers.py``) measure.
 
 The block is ``drift.nn.fno_block``: ``gelu(K x + W x)`` with K a ``SpectralConv`` of the given
-method and W a ``PointwiseLinear``, batch 1, float32, slab grid (P, 1, ..., 1), the same global
-weights for every method. Each timed pass is the wall time between barriers (so the slowest rank's).
+method and W a ``PointwiseLinear``, batch 1, float32, the same global weights for every method (drawn
+after ``torch.manual_seed(0)``), parallelized over a slab mesh (P, 1, ..., 1) on P > 1 ranks; the block
+runs on each rank's local block (``forward_local``), the whole FNO on DTensors, as users call it.
+Each timed pass is the wall time between barriers (so the slowest rank's).
 The forward runs without autograd; a backward pass is timed alone, after an untimed recorded forward.
 
 Phases (seconds per pass, the mean over ranks of each rank's median): ``transform`` (local partial DFTs
@@ -22,10 +24,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import Shard
 
 import drift
 from drift.bench.runner import RankError, device, peak_rss_gb, run_ranks, spread, timed
-from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block
+from drift.layout import Layout, full_placements, grid_mesh, to_dtensor
+from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block, parallelize
 from drift.truncated import mode_lists
 
 FIELDS = 5  # FNO input and output channels: PDEBench's five fields
@@ -34,6 +38,29 @@ FIELDS = 5  # FNO input and output channels: PDEBench's five fields
 def slab(shape: Sequence[int], size: int) -> tuple[int, ...]:
     """The slab grid (P, 1, ..., 1) the paper uses."""
     return (size,) + (1,) * (len(shape) - 1)
+
+
+def distribute(model: nn.Module, shape: Sequence[int]) -> Layout:
+    """Parallelize ``model`` over a slab mesh of every rank of the default group (nothing on one rank);
+    the layout of its inputs' spatial dims (global extents ``shape``)."""
+    size = drift.comm.world_size()
+    if size == 1:
+        return Layout(shape)
+    mesh, placements = grid_mesh(slab(shape, size), device().type)
+    parallelize(model, mesh, [Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements])
+    return Layout(shape, mesh, placements)
+
+
+def random_input(layout: Layout, channels: int) -> torch.Tensor:
+    """This rank's block of a random ``(1, channels, *shape)`` field on its device."""
+    return torch.randn(1, channels, *layout.local_shape, device=device())
+
+
+def as_model_input(x: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """A local block as a parallelized model takes it: a DTensor on the layout's mesh (itself on one rank)."""
+    if layout.mesh is None:
+        return x
+    return to_dtensor(x, layout.mesh, full_placements(layout, 2), (*x.shape[:2], *layout.global_shape))
 
 
 def _split_phases(prof: dict[str, float], log: drift.CommLog, total: float) -> dict[str, float]:
@@ -73,15 +100,14 @@ def _time_passes(
 def block_worker(cases: Sequence[tuple], warmup: int, iters: int, backward: bool) -> list[dict[str, Any]]:
     """On every rank: time one FNO block per case ``(shape, modes, width, method)``, one after another in
     this process (a group start costs seconds); per case this rank's samples, phases and collectives."""
-    size = drift.comm.world_size()
     results = []
     for shape, modes, width, method in cases:
-        where = device()
-        conv = SpectralConv(width, width, shape, modes, slab(shape, size), method=method, seed=1, device=where)
-        linear = PointwiseLinear(width, width, torch.Generator().manual_seed(2), device=where)
-        x = torch.randn(1, width, *conv.plan.local_shape, device=where)
-        block = functools.partial(fno_block, conv, linear)
-        results.append(_rank_result(*_time_passes(block, x, warmup, iters, backward)))
+        torch.manual_seed(0)
+        conv = SpectralConv(width, width, modes, method=method, device=device())
+        linear = PointwiseLinear(width, width, device=device())
+        layout = distribute(nn.ModuleList([conv, linear]), shape)
+        block = functools.partial(fno_block, conv, linear, layout=layout)
+        results.append(_rank_result(*_time_passes(block, random_input(layout, width), warmup, iters, backward)))
     return results
 
 
@@ -103,11 +129,12 @@ class _Stopwatch:
 def fno_worker(cases: Sequence[tuple], warmup: int, iters: int) -> list[dict[str, Any]]:
     """On every rank: time whole FNO forwards (lift, 4 blocks, projection) with their phases, per case
     ``(shape, modes, width, method)``."""
-    size = drift.comm.world_size()
     results = []
     for shape, modes, width, method in cases:
-        model = FNO(FIELDS, FIELDS, width, modes, shape, slab(shape, size), method=method, seed=0, device=device())
-        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape, device=device())
+        torch.manual_seed(0)
+        model = FNO(FIELDS, FIELDS, width, modes, method=method, device=device())
+        layout = distribute(model, shape)
+        x = as_model_input(random_input(layout, FIELDS), layout)
         outer: dict[str, float] = {}
         # Lift and projection are not layers' phases: time them with hooks (the GeLU between the two
         # projection layers included) and add them to each pass's phases.

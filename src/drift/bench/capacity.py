@@ -27,9 +27,8 @@ from typing import Any
 
 import torch
 
-from drift import comm
 from drift.bench import output, plots
-from drift.bench.blocks import FIELDS, slab
+from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.output import positive_float, positive_int
 from drift.bench.runner import RankError, available_gb, peak_private_gb, peak_rss_gb, run_ranks
 from drift.nn import FNO, METHODS
@@ -48,12 +47,15 @@ def default_modes(dims: int) -> tuple[int, ...]:
 
 
 def _trial_worker(shape: tuple[int, ...], modes: tuple, width: int, method: str, train: bool) -> dict[str, Any]:
-    model = FNO(FIELDS, FIELDS, width, modes, shape, slab(shape, comm.world_size()), method=method, seed=0)
-    x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape)
+    torch.manual_seed(0)
+    model = FNO(FIELDS, FIELDS, width, modes, method=method)
+    layout = distribute(model, shape)
+    x = as_model_input(random_input(layout, FIELDS), layout)
     start = time.perf_counter()
     if train:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        model(x).square().mean().backward()
+        y = model(x)
+        (y.to_local() if layout.mesh is not None else y).square().mean().backward()
         optimizer.step()
     else:
         with torch.no_grad():

@@ -47,7 +47,7 @@ import torch
 
 from drift import comm as collectives
 from drift.bench import output, plots
-from drift.bench.blocks import FIELDS, slab
+from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.output import positive_int, shape_arg
 from drift.bench.runner import barrier, device, rank_zero, run_ranks, spread
 from drift.nn import FNO, METHODS
@@ -287,11 +287,12 @@ def model_for(model: dict, kind: str, size: int) -> Fit | None:
 
 
 def _fno_worker(shape: tuple, modes: tuple, width: int, methods: Sequence[str], warmup: int, iters: int) -> list:
-    grid = slab(shape, collectives.world_size())
     every = []
     for method in methods:
-        model = FNO(FIELDS, FIELDS, width, modes, shape, grid, method=method, seed=0, device=device())
-        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape, device=device())
+        torch.manual_seed(0)
+        model = FNO(FIELDS, FIELDS, width, modes, method=method, device=device())
+        layout = distribute(model, shape)
+        x = as_model_input(random_input(layout, FIELDS), layout)
         per_forward = []
         with torch.no_grad():
             for i in range(warmup + iters):

@@ -97,10 +97,11 @@ class PDEBench3D(torch.utils.data.Dataset):
 
     Args:
         path: the HDF5 file.
-        mesh, placements: a ``DeviceMesh`` and one placement per mesh dim over the spatial dims
-            (x, y, z) of the selected grid, as ``drift.Layout`` takes them: ``Shard(i)`` splits dim i
-            in ``torch.chunk`` blocks, ``Replicate()`` (a data-parallel mesh dim) leaves the field
-            whole. None: one process reads every point. ``layout``: the resulting ``Layout``.
+        mesh, placements: a ``DeviceMesh`` over the default process group (every rank of it, as
+            ``drift.grid_mesh`` and ``drift train`` make) and one placement per mesh dim over the
+            spatial dims (x, y, z) of the selected grid, as ``drift.Layout`` takes them: ``Shard(i)``
+            splits dim i in ``torch.chunk`` blocks, ``Replicate()`` (a data-parallel mesh dim) leaves
+            the field whole. None: one process reads every point. ``layout``: the resulting ``Layout``.
         t_in, t_out: frames 0..t_in-1 are the input, the next t_out frames the target (paper: 5 and 16).
         fields: which fields, in channel order.
         split: "train" (the first trajectories) or "test" (the last ``test_fraction`` of them, at least one
@@ -152,6 +153,8 @@ class PDEBench3D(torch.utils.data.Dataset):
                 raise ValueError(f"region {(start, stop)} with stride {step} does not fit extent {n} of dim {dim}")
             selected.append(range(start, stop, step))
         self.global_shape = tuple(len(r) for r in selected)
+        if mesh is not None and mesh.size() != comm.world_size():
+            raise ValueError(f"the mesh {tuple(mesh.shape)} must span the default group of {comm.world_size()} ranks")
         self.layout = Layout(self.global_shape, mesh, placements)
         self.local_shape = self.layout.local_shape
         # The file's hyperslab of this rank's block of the selected grid (an empty one for an empty block).
@@ -176,9 +179,9 @@ class PDEBench3D(torch.utils.data.Dataset):
 
     def _statistics(self, trajectories: list[int]) -> Stats:
         """Mean and std per field over every frame and point of ``trajectories``: one all-reduce of the
-        per-rank sums over the whole mesh. A mesh dim that does not split the field (data parallel)
-        counts each point once per rank along it, which scales every sum alike and leaves the ratios
-        unchanged."""
+        per-rank sums over the mesh (the default group). A mesh dim that does not split the field (data
+        parallel) counts each point once per rank along it, which scales every sum alike and leaves the
+        ratios unchanged."""
         sums = torch.zeros(len(self.fields), 3, dtype=torch.float64)
         frames = slice(0, self.t_in + self.t_out)
         for i, key in enumerate(self.fields):
@@ -186,7 +189,7 @@ class PDEBench3D(torch.utils.data.Dataset):
                 block = self._read(key, t, frames).astype(np.float64)
                 sums[i] += torch.tensor([block.size, block.sum(), np.square(block).sum()], dtype=torch.float64)
         if self.mesh is not None and self.mesh.size() > 1:
-            sums = comm.all_reduce(sums, group=_mesh_group(self.mesh))
+            sums = comm.all_reduce(sums)
         count, total, squares = sums.unbind(1)
         mean = total / count.clamp(min=1)
         std = (squares / count.clamp(min=1) - mean.square()).clamp(min=0).sqrt()
@@ -206,10 +209,3 @@ class PDEBench3D(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None}  # an open HDF5 handle does not travel to loader workers
-
-
-def _mesh_group(mesh):
-    """The process group of every rank of ``mesh``: the default group when the mesh spans it."""
-    if mesh.size() == comm.world_size():
-        return None
-    return comm.subgroup(sorted(mesh.mesh.flatten().tolist()))
