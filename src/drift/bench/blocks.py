@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 import drift
-from drift.bench.runner import RankError, device, peak_rss_gb, run_ranks, spread, timed
+from drift.bench.runner import bench_device, peak_rss_gb, spread, timed
+from drift.launch import RankError, rank_device, run_ranks
 from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block
 from drift.truncated import mode_lists
 
@@ -76,7 +77,7 @@ def block_worker(cases: Sequence[tuple], warmup: int, iters: int, backward: bool
     size = drift.comm.world_size()
     results = []
     for shape, modes, width, method in cases:
-        where = device()
+        where = rank_device()
         conv = SpectralConv(width, width, shape, modes, slab(shape, size), method=method, seed=1, device=where)
         linear = PointwiseLinear(width, width, torch.Generator().manual_seed(2), device=where)
         x = torch.randn(1, width, *conv.plan.local_shape, device=where)
@@ -106,8 +107,8 @@ def fno_worker(cases: Sequence[tuple], warmup: int, iters: int) -> list[dict[str
     size = drift.comm.world_size()
     results = []
     for shape, modes, width, method in cases:
-        model = FNO(FIELDS, FIELDS, width, modes, shape, slab(shape, size), method=method, seed=0, device=device())
-        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape, device=device())
+        model = FNO(FIELDS, FIELDS, width, modes, shape, slab(shape, size), method=method, seed=0, device=rank_device())
+        x = torch.randn(1, FIELDS, *model.spectral[0].plan.local_shape, device=rank_device())
         outer: dict[str, float] = {}
         # Lift and projection are not layers' phases: time them with hooks (the GeLU between the two
         # projection layers included) and add them to each pass's phases.
@@ -152,7 +153,7 @@ def run(worker, size: int, cases: Sequence[tuple], *args: Any, timeout_s: float 
     """``worker(cases, *args)`` on ``size`` ranks, one summary per case; when a rank fails, every case
     is ``{"completed": False, "error"}``."""
     try:
-        ranks = run_ranks(size, worker, list(cases), *args, timeout_s=timeout_s)
+        ranks = run_ranks(size, worker, list(cases), *args, device=bench_device(), timeout_s=timeout_s)
     except RankError as exc:
         return [{"completed": False, "error": str(exc)[-300:]} for _ in cases]
     return [summarise([r[i] for r in ranks]) for i in range(len(cases))]

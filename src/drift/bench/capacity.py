@@ -31,7 +31,8 @@ from drift import comm
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, slab
 from drift.bench.output import positive_float, positive_int
-from drift.bench.runner import RankError, available_gb, peak_private_gb, peak_rss_gb, run_ranks
+from drift.bench.runner import available_gb, peak_private_gb, peak_rss_gb
+from drift.launch import RankError, run_ranks
 from drift.nn import FNO, METHODS
 
 TIME_STEPS = 30  # the paper's time extent (t_out = 16 kept of 30)

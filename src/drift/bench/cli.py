@@ -15,7 +15,8 @@ import torch
 
 from drift.bench import capacity, comm, modes, phases, scaling, training
 from drift.bench.output import positive_int
-from drift.bench.runner import DEVICE_ENV, set_rank_threads
+from drift.bench.runner import DEVICE_ENV
+from drift.launch import set_rank_threads
 
 SUBCOMMANDS = {
     "scaling": (scaling, "strong and weak scaling of one FNO block, forward and backward, per method"),
