@@ -116,6 +116,7 @@ def _place(device: str) -> torch.device:
 
 
 def _backend(device: str) -> str:
+    """The process-group backend for ranks on ``device``."""
     return "nccl" if device == "cuda" else "gloo"
 
 
@@ -140,7 +141,7 @@ def process_group(device: str = "cpu") -> Iterator[torch.device]:
             comm.destroy_process_group()
 
 
-def free_port() -> int:
+def _free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -206,6 +207,7 @@ class _Reply(NamedTuple):
 
 
 def _ranks(ranks: list[int]) -> str:
+    """``rank 3`` or ``ranks 0, 2``."""
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
@@ -237,7 +239,7 @@ class RankPool:
         self.size, self.timeout_s, self.memory_cap_gb = size, timeout_s, memory_cap_gb
         self.alive = True
         context = mp.get_context("spawn")
-        entry = (size, free_port(), device, threads or threads_per_rank(size), group_timeout_s)
+        entry = (size, _free_port(), device, threads or threads_per_rank(size), group_timeout_s)
         self._conns, self._procs = [], []
         for rank in range(size):
             parent, child = context.Pipe()

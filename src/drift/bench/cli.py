@@ -54,8 +54,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _run_with_options(run, args: argparse.Namespace) -> int:
-    """Run a subcommand with ``--threads`` per rank and its ranks on ``--device`` (read by the ranks
-    from ``runner.DEVICE_ENV``)."""
+    """Run a subcommand with ``--threads`` per rank and its ranks on ``--device`` (read when it starts
+    them, from ``runner.DEVICE_ENV``)."""
     where = getattr(args, "device", "cpu")
     needed, gpus = _ranks_needed(args), torch.cuda.device_count()
     if where == "cuda" and gpus < needed:
