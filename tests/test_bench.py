@@ -15,7 +15,7 @@ import torch
 
 from drift import launch
 from drift.bench import capacity, cli, comm
-from drift.bench.runner import DEVICE_ENV, MemoryCapExceeded, RankError, run_ranks, set_rank_threads
+from drift.launch import MemoryCapExceeded, RankError, run_ranks, set_rank_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -175,7 +175,7 @@ def test_threads_option_reaches_both_launchers(monkeypatch):
 
 def test_runner_failures_are_errors_not_hangs():
     start = time.monotonic()
-    with pytest.raises(RankError, match="rank one fails"):
+    with pytest.raises(RankError, match="^rank 1 failed: ValueError: rank one fails"):
         run_ranks(2, _fail_on_rank_one, timeout_s=60, group_timeout_s=20)
     with pytest.raises(MemoryCapExceeded):
         run_ranks(1, _allocate, 1.0, memory_cap_gb=0.5, timeout_s=60)
@@ -299,10 +299,8 @@ def test_cuda_needs_one_gpu_per_rank_it_starts(monkeypatch, capsys):
         assert cli.main(["comm", "--device", "cuda", "--nproc", "2", "--fno-ranks", "4"]) == 2
         error = f"drift bench: error: --device cuda: 4 ranks need 4 GPUs (one each), found {gpus}"
         assert capsys.readouterr().err.strip() == error
-        with monkeypatch.context() as env:
-            env.setenv(DEVICE_ENV, "cuda")
-            with pytest.raises(RankError, match=f"2 ranks on CUDA need 2 GPUs .*, found {gpus}"):
-                run_ranks(2, _threads)
+        with pytest.raises(RankError, match=rf"^2 ranks on CUDA need 2 GPUs \(one each, for NCCL\), found {gpus}$"):
+            run_ranks(2, _threads, device="cuda")
         message = "no CUDA device is available" if gpus == 0 else "2 ranks on this machine need 2 GPUs, found 1"
         with pytest.raises(ConfigError, match=f"--device cuda: {message}"):
             check_config(TrainConfig(device="cuda"), 2)

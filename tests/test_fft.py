@@ -9,7 +9,7 @@ import pytest
 import scipy.fft
 import torch
 import torch.distributed as dist
-from harness import RankPool, attempt, check_one_bad_rank, device_for, short_timeout_group
+from harness import attempt, check_one_bad_rank, device_for, rank_pool, short_timeout_group
 from meshes import distribute, lead_placements, local_block, mesh_for, rank_coordinates
 from reference import TOL, case_id, mesh_block, random_tensor, rel_err, truncated_spectrum, zero_filled_inverse
 from torch.distributed.device_mesh import DeviceMesh
@@ -272,8 +272,8 @@ def _one_bad_rank(timeout_s):
 
 
 def test_one_bad_rank_fails_all_within_the_group_timeout():
-    with RankPool(3) as pool:
-        check_one_bad_rank(pool.run(_one_bad_rank, 2.0, timeout=60), "PlanError", "expected dtype torch.float32")
+    with rank_pool(3) as pool:
+        check_one_bad_rank(pool.run(_one_bad_rank, 2.0, timeout_s=60), "PlanError", "expected dtype torch.float32")
 
 
 INPLACE_LAYOUTS = [

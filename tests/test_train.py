@@ -246,6 +246,12 @@ def test_bad_data_and_resume_fail_with_one_line(capsys, data, tmp_path):
     _fails_with_one_line(capsys, ["evaluate", str(tmp_path)], "no checkpoint")
 
 
+def test_a_failing_rank_fails_with_one_line(capsys, data, tmp_path):
+    (tmp_path / "file").touch()  # rank 0 cannot make the run folder inside a file; rank 1 waits for it
+    argv = ["train", "--data", data, "--out", str(tmp_path / "file" / "run"), "--nproc", "2", *TINY]
+    _fails_with_one_line(capsys, argv, "drift train: error: rank 0 failed: NotADirectoryError: [Errno 20]")
+
+
 def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_path):
     out = str(tmp_path / "run")
     # Two data-parallel ranks, then one rank without a mesh resumes from their checkpoint.

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
-from harness import RankPool, attempt, check_one_bad_rank, device_for, short_timeout_group
+from harness import attempt, check_one_bad_rank, device_for, rank_pool, short_timeout_group
 from meshes import distribute, lead_placements, local_block, mesh_for, rank_coordinates
 from reference import (
     TOL,
@@ -423,8 +423,8 @@ def _one_bad_rank(timeout_s):
 
 
 def test_one_bad_rank_fails_all_within_the_group_timeout():
-    with RankPool(3) as pool:
-        results = pool.run(_one_bad_rank, 2.0, timeout=60)
+    with rank_pool(3) as pool:
+        results = pool.run(_one_bad_rank, 2.0, timeout_s=60)
     check_one_bad_rank(results, "PlanError", "expected shape (*batch, 4, 10), got (5, 10)")
 
 

@@ -7,19 +7,19 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 import drift
+from drift import comm
 from drift.bench.cli import add_parser as add_bench_parser
 from drift.bench.output import positive
 
 
 def _info(_: argparse.Namespace) -> int:
-    available = dist.is_available()
-    backends = [b for b in ("gloo", "nccl", "mpi") if available and getattr(dist, f"is_{b}_available")()]
+    backends = comm.backends_available()
     cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     print(f"drift {drift.__version__}")
     print(f"python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
@@ -51,10 +51,17 @@ def _fail(command: str, message: str) -> int:
     return 2
 
 
+def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str) -> Any:
+    """Rank 0's ``fn(arg)``: called here for one rank, else on ``nproc`` fresh local ranks on ``device``."""
+    from drift.launch import run_ranks
+
+    return fn(arg) if nproc == 1 else run_ranks(nproc, fn, arg, device=device)[0]
+
+
 def _train(args: argparse.Namespace) -> int:
     from drift.checkpoint import CheckpointError
     from drift.data import DataError
-    from drift.launch import RankError, launched, run_ranks
+    from drift.launch import RankError, launched
     from drift.train import ConfigError, check_config, config_from, ensure_default_data, train_rank
 
     config = config_from(vars(args))
@@ -71,7 +78,7 @@ def _train(args: argparse.Namespace) -> int:
             if config.data is None:
                 config.data = str(ensure_default_data())
             check_config(config, config.nproc)
-            history = run_ranks(train_rank, (config,), config.nproc)[0]
+            history = _on_ranks(config.nproc, train_rank, config, config.device)
     except (ConfigError, DataError, CheckpointError, RankError) as exc:
         return _fail("train", str(exc))
     last = history[-1] if history else None
@@ -91,7 +98,7 @@ def _evaluate_rank(kwargs: dict) -> dict:
 def _evaluate(args: argparse.Namespace) -> int:
     from drift.checkpoint import CheckpointError
     from drift.data import DataError
-    from drift.launch import RankError, launched, run_ranks
+    from drift.launch import RankError, launched
     from drift.train import ConfigError, find_checkpoint
 
     kwargs = dict(
@@ -109,7 +116,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         if launched():
             result = _evaluate_rank(kwargs)
         else:
-            result = run_ranks(_evaluate_rank, (kwargs,), args.nproc or 1)[0]
+            result = _on_ranks(args.nproc or 1, _evaluate_rank, kwargs, args.device)
     except (ConfigError, DataError, CheckpointError, RankError, ValueError) as exc:
         return _fail("evaluate", str(exc))
     if not launched() or int(os.environ.get("RANK", 0)) == 0:

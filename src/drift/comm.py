@@ -328,3 +328,19 @@ def all_gather(x: torch.Tensor, *, group=None) -> torch.Tensor:
     Differentiable (adjoint: reduce-scatter of the output gradient).
     """
     return _AllGather.apply(x, group)
+
+
+def init_process_group(backend: str, *, timeout_s: float) -> None:
+    """Join the default process group the environment describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``: torchrun's or ``drift.launch``'s) on ``backend`` ("gloo" or "nccl"); its collectives
+    time out after ``timeout_s`` seconds."""
+    from datetime import timedelta
+
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def backends_available() -> list[str]:
+    """The torch.distributed backends of this torch build, of gloo, nccl and mpi."""
+    if not dist.is_available():
+        return []
+    return [b for b in ("gloo", "nccl", "mpi") if getattr(dist, f"is_{b}_available")()]

@@ -1,35 +1,63 @@
-"""Starting ranks: joining the process group torchrun describes, or starting local ranks ourselves.
+"""Starting ranks: a pool of local ranks drift spawns itself, or the group torchrun describes.
 
-``run_ranks(fn, args, nproc)`` starts ``nproc`` local ranks through torch's elastic launcher (the
-machinery behind torchrun, rendezvous on 127.0.0.1) and calls ``fn(*args)`` in each; with
-``nproc == 1`` it calls ``fn`` in this process, with no process group. Inside a rank,
-``with process_group(device):`` joins the default group the environment torchrun or the launcher set
-(Gloo for CPU, NCCL for CUDA), picks this rank's device and leaves the group at the end.
+``RankPool(size, device=...)`` spawns ``size`` fresh local processes once, joins them into one process
+group on 127.0.0.1 (Gloo; NCCL with one GPU per rank for ``device="cuda"``) and then runs one function
+after another on every rank: ``pool.run(fn, *args)`` returns the per-rank results in rank order.
+``run_ranks(size, fn, *args)`` is a pool used for one call. Any failure is a ``RankError`` naming every
+failed rank, never a hang: an exception, a death, a call past its timeout, or (``memory_cap_gb``) the
+ranks' summed private resident memory over the cap (``MemoryCapExceeded``). The pool is then torn down.
+
+Ranks placed by torchrun instead join their group with ``with process_group(device):``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
+import math
+import multiprocessing as mp
 import os
-import uuid
-from collections.abc import Callable, Iterator
+import pickle
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import wait
+from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 
 from drift import comm
 from drift.errors import PlanError
 
-TIMEOUT = datetime.timedelta(minutes=30)  # generous: rank 0 may write the default data set first
+GROUP_TIMEOUT_S = 1800.0  # generous: rank 0 may write the default data set first
+GRACE_S = 2.0  # after a rank fails, the others may answer this long (they may be stuck in a collective)
+POLL_S = 0.05  # how often the memory cap is checked
+
+_device = torch.device("cpu")
 
 
 class RankError(RuntimeError):
-    """A rank of a launched group failed; the message names the rank and its error."""
+    """A call on ranks failed: a rank raised, died or did not answer in time.
+
+    ``str()`` is one line naming each failed rank and its error; ``reports`` maps each failed rank to its
+    traceback (or how it died or timed out), and the exception's cause shows them all.
+    """
+
+    def __init__(self, message: str, reports: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.reports = reports or {}
+
+
+class MemoryCapExceeded(RankError):
+    """The ranks together used more private resident memory than the cap."""
+
+
+class RankTracebacks(Exception):
+    """The failed ranks' tracebacks (the cause of a ``RankError``)."""
 
 
 def launched() -> bool:
-    """Whether this process is one rank of a torchrun (or ``run_ranks``) group."""
+    """Whether this process is one rank of a torchrun group or of a ``RankPool``."""
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
@@ -48,56 +76,274 @@ def threads_per_rank(local_ranks: int) -> int:
 
 
 @contextlib.contextmanager
-def process_group(device: str = "cpu") -> Iterator[torch.device]:
-    """Inside the block this process is in the group the environment describes (if any: alone
-    otherwise); yields this rank's device and leaves the group at the end.
+def set_rank_threads(count: int | None) -> Iterator[None]:
+    """Inside the block, ranks started here (and by torchrun from this environment) get ``count`` threads
+    each, through ``OMP_NUM_THREADS`` (None: leave it; unset, each rank gets ``max(1, cores // P)``). On
+    a loaded machine one thread per rank avoids stalls of multi-threaded gemms whose threads get
+    descheduled."""
+    if count is None:
+        yield
+        return
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(count)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
 
-    Sets this process's thread count to ``threads_per_rank(local ranks)``. On CUDA, local rank r takes
-    GPU ``r % GPUs``: each rank's own GPU where ranks see all of the machine's, the one GPU it sees where
-    a scheduler shows each rank only its own.
-    """
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+
+def rank_device() -> torch.device:
+    """This rank's device, as ``process_group`` or the pool picked it (the CPU before either)."""
+    return _device
+
+
+def _place(device: str) -> torch.device:
+    """Take this rank's device (local rank r: GPU ``r % GPUs``) and set its thread count
+    (``threads_per_rank`` of the local ranks)."""
+    global _device
     if device == "cuda":
         if torch.cuda.device_count() < 1:
             raise PlanError("--device cuda: no CUDA device is available")
-        where = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(where)
+        _device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(_device)
     else:
-        where = torch.device("cpu")
+        _device = torch.device("cpu")
     torch.set_num_threads(threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    if launched() and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=TIMEOUT)
+    return _device
+
+
+def _backend(device: str) -> str:
+    """The process-group backend for ranks on ``device``."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
+@contextlib.contextmanager
+def process_group(device: str = "cpu") -> Iterator[torch.device]:
+    """Inside the block this process is in the group the environment describes (if any: alone
+    otherwise); yields this rank's device and leaves the group at the end if it joined it here.
+
+    For ranks placed by torchrun (in a ``RankPool`` rank the group already exists). Sets the thread
+    count to ``threads_per_rank(local ranks)``. On CUDA, local rank r takes GPU ``r % GPUs``: each rank's
+    own GPU where ranks see all of the machine's, the one GPU it sees where a scheduler shows each rank
+    only its own.
+    """
+    where = _place(device)
+    joins = launched() and int(os.environ["WORLD_SIZE"]) > 1 and not comm.is_initialized()
+    if joins:
+        comm.init_process_group(_backend(device), timeout_s=GROUP_TIMEOUT_S)
     try:
         yield where
     finally:
-        comm.destroy_process_group()
+        if joins:
+            comm.destroy_process_group()
 
 
-def run_ranks(fn: Callable, args: tuple, nproc: int) -> list:
-    """``[fn(*args) on rank r for r in range(nproc)]``, each rank a fresh local process (``nproc > 1``).
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    ``fn`` must be importable (a module-level function). If a rank fails, the launcher stops the others
-    and ``RankError`` carries the first failure's message.
-    """
-    if nproc == 1:
-        return [fn(*args)]
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
+def _private_gb(pid: int) -> float:
+    """Resident memory of a process that is not file-backed (statm resident - shared), in GB: its
+    data, without the library code every rank maps (which summing RSS would count once per rank)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            fields = f.read().split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE") / 1e9
+
+
+def _failure(exc: BaseException) -> tuple[bool, str, str]:
+    """A rank's reply for an exception: not ok, its traceback, and one line ``failed: Type: message``."""
+    return False, traceback.format_exc(), f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+
+
+def _serve(rank: int, size: int, port: int, device: str, threads: int, group_timeout_s: float, conn) -> None:
+    """A pool rank: join the group, then run each task ``conn`` brings and send back its reply."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads),
     )
     try:
-        results = elastic_launch(config, fn)(*args)
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        raise RankError(f"rank {rank} failed (exit code {failure.exitcode})") from None
-    return [results[r] for r in range(nproc)]
+        _place(device)
+        # Even one rank joins a group, so that barriers and drift.comm behave the same at every size.
+        comm.init_process_group(_backend(device), timeout_s=group_timeout_s)
+        conn.send((True, None, ""))
+    except BaseException as exc:
+        conn.send(_failure(exc))
+        return
+    with contextlib.suppress(EOFError):  # the parent is gone
+        while task := conn.recv_bytes():  # an empty message: stop
+            try:
+                fn, args = pickle.loads(task)
+                reply = (True, fn(*args), "")
+            except BaseException as exc:
+                reply = _failure(exc)
+            try:
+                conn.send(reply)
+            except Exception as exc:  # an unpicklable result
+                conn.send(_failure(exc))
+    comm.destroy_process_group()
+
+
+class _Reply(NamedTuple):
+    """A rank's answer to a task: ``value`` is the result, or for a failure its report (a traceback) and
+    ``line`` the failure in one line."""
+
+    ok: bool
+    value: Any
+    line: str
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 3`` or ``ranks 0, 2``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+class RankPool:
+    """``size`` live local ranks in one process group, running one function after another.
+
+    ``device``: "cpu" (Gloo) or "cuda" (NCCL, rank r on GPU r; one GPU per rank, checked before any rank
+    starts). ``threads``: threads per rank (default ``threads_per_rank(size)``). ``timeout_s``: the default
+    limit of one call (None: none). ``group_timeout_s``: the collectives' timeout. ``memory_cap_gb``: the
+    limit of the ranks' summed private resident memory while a call runs (polled every 50 ms). Use as a
+    context manager or call ``close()``.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        timeout_s: float | None = None,
+        group_timeout_s: float = GROUP_TIMEOUT_S,
+        memory_cap_gb: float | None = None,
+    ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        gpus = torch.cuda.device_count() if device == "cuda" else 0
+        if device == "cuda" and size > gpus:
+            raise RankError(f"{size} ranks on CUDA need {size} GPUs (one each, for NCCL), found {gpus}")
+        self.size, self.timeout_s, self.memory_cap_gb = size, timeout_s, memory_cap_gb
+        self.alive = True
+        context = mp.get_context("spawn")
+        entry = (size, _free_port(), device, threads or threads_per_rank(size), group_timeout_s)
+        self._conns, self._procs = [], []
+        for rank in range(size):
+            parent, child = context.Pipe()
+            proc = context.Process(target=_serve, args=(rank, *entry, child), daemon=True)
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._collect("joining the process group", group_timeout_s + 60.0, None)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """``[fn(*args) on rank r for r in range(size)]`` (``fn`` importable, arguments and results
+        picklable); ``timeout_s`` overrides the pool's limit. Raises ``RankError`` on any failure."""
+        if not self.alive:
+            raise RankError("this pool was torn down by an earlier failure")
+        task = pickle.dumps((fn, args))
+        for conn in self._conns:
+            with contextlib.suppress(OSError):  # a dead rank: the collection reports it
+                conn.send_bytes(task)
+        name = getattr(fn, "__name__", repr(fn))
+        return self._collect(name, timeout_s or self.timeout_s, self.memory_cap_gb)
+
+    def _collect(self, what: str, timeout_s: float | None, memory_cap_gb: float | None) -> list[Any]:
+        """Every rank's reply to the last task, or ``RankError`` (the pool torn down)."""
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+        replies: dict[int, _Reply] = {}
+        pending = dict(enumerate(self._conns))
+        failed_at = math.inf
+        poll_s = math.inf if memory_cap_gb is None else POLL_S
+        while pending and (now := time.monotonic()) < (end := min(deadline, failed_at + GRACE_S)):
+            left = min(end - now, poll_s)
+            ready = wait(list(pending.values()), timeout=None if left == math.inf else left)
+            for rank in [r for r, c in pending.items() if c in ready]:
+                try:
+                    replies[rank] = _Reply(*pending.pop(rank).recv())
+                except EOFError:
+                    self._procs[rank].join(timeout=1.0)
+                    died = f"died (exit code {self._procs[rank].exitcode})"
+                    replies[rank] = _Reply(False, f"rank {rank} {died}", died)
+                if not replies[rank].ok:
+                    failed_at = min(failed_at, time.monotonic())
+            if memory_cap_gb is not None:
+                used = sum(_private_gb(p.pid) for p in self._procs)
+                if used > memory_cap_gb:
+                    self._stop([])
+                    raise MemoryCapExceeded(f"{self.size} ranks used {used:.2f} GB > cap {memory_cap_gb:.2f} GB")
+        if not pending and all(reply.ok for reply in replies.values()):
+            return [replies[r].value for r in range(self.size)]
+        self._stop(replies, GRACE_S)  # the ranks that answered wait for a task; the others may be stuck
+        late = "after a peer failed" if failed_at < math.inf else f"within {timeout_s:g} s"
+        for rank in pending:
+            replies[rank] = _Reply(False, f"rank {rank}: no answer {late}", f"did not answer {late}")
+        raise self._error(what, {r: reply for r, reply in replies.items() if not reply.ok})
+
+    def _error(self, what: str, failed: dict[int, _Reply]) -> RankError:
+        """One ``RankError`` for the failed ranks, in the order they failed (the first is most often the
+        cause), ranks with the same error named together."""
+        by_error: dict[str, list[int]] = {}
+        for rank, reply in failed.items():
+            by_error.setdefault(reply.line, []).append(rank)
+        summary = "; ".join(f"{_ranks(sorted(ranks))} {line}" for line, ranks in by_error.items())
+        reports = {rank: reply.value for rank, reply in sorted(failed.items())}
+        details = "\n".join(f"--- rank {rank} ---\n{report.rstrip()}" for rank, report in reports.items())
+        error = RankError(summary, reports)
+        error.__cause__ = RankTracebacks(f"{what} on {self.size} ranks:\n{details}")
+        return error
+
+    def close(self) -> None:
+        """Stop the ranks: each leaves the process group and exits."""
+        self._stop(range(self.size))
+
+    def _stop(self, idle: Iterable[int], others_s: float = 0.0) -> None:
+        """Ask every rank to exit; wait for the ``idle`` ranks (those waiting for a task), then up to
+        ``others_s`` seconds for the others (in Gloo, a rank stuck in a collective fails it once its peers
+        have left); kill the ranks still alive."""
+        if not self.alive:
+            return
+        self.alive = False
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send_bytes(b"")
+        idle = set(idle)
+        for rank in idle:
+            self._procs[rank].join(timeout=10)
+        end = time.monotonic() + others_s
+        for rank, proc in enumerate(self._procs):
+            if rank not in idle:
+                proc.join(timeout=max(0.0, end - time.monotonic()))
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10)
+        for conn in self._conns:
+            conn.close()
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, kind: type | None, *_: Any) -> None:
+        self._stop(range(self.size) if kind is None else [])
+
+
+def run_ranks(size: int, fn: Callable[..., Any], *args: Any, **options: Any) -> list[Any]:
+    """``fn(*args)`` on ``size`` fresh local ranks (a ``RankPool`` with ``options`` used for one call);
+    the per-rank results in rank order. Raises ``RankError`` on any failure."""
+    with RankPool(size, **options) as pool:
+        return pool.run(fn, *args)

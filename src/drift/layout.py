@@ -279,12 +279,24 @@ def full_placements(layout: Layout, lead: int, data_axes: Sequence[int] = ()) ->
     return tuple(out)
 
 
+def device_mesh(shape: Sequence[int], names: Sequence[str], device_type: str = "cpu", *, timeout_s: float = 1800.0):
+    """A row-major ``DeviceMesh`` of ``shape`` over the default group with mesh dims ``names``, whose
+    groups time out after ``timeout_s`` (``init_device_mesh`` gives its sub-groups torch's 30-minute
+    default instead, so a failed rank would keep its peers waiting that long). Call on every rank."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    shape = tuple(int(p) for p in shape)
+    groups = comm.mesh_groups(shape, datetime.timedelta(seconds=timeout_s))
+    return DeviceMesh.from_group(
+        groups, device_type, torch.arange(comm.world_size()).view(shape), mesh_dim_names=tuple(names)
+    )
+
+
 def grid_mesh(grid: Sequence[int], device_type: str = "cpu", *, timeout_s: float = 1800.0) -> tuple:
     """A ``DeviceMesh`` and the placements that split transformed dim i over ``grid[i]`` ranks (the
     mpi4py-fft style of saying a decomposition): one mesh dim per entry above 1, in dim order (named
-    "dim<i>"), whose
-    groups time out after ``timeout_s``. Call on every rank of the default group; its size must be
-    ``prod(grid)``. ``(None, ())`` on one process without a process group."""
+    "dim<i>"), whose groups time out after ``timeout_s``. Call on every rank of the default group; its
+    size must be ``prod(grid)``. ``(None, ())`` on one process without a process group."""
     grid = tuple(int(p) for p in grid)
     if any(p < 1 for p in grid):
         raise ValueError(f"grid {grid} needs positive entries")
@@ -293,12 +305,6 @@ def grid_mesh(grid: Sequence[int], device_type: str = "cpu", *, timeout_s: float
         raise ValueError(f"grid {grid} has {math.prod(grid)} ranks but the process group has {size}")
     if not comm.is_initialized():
         return None, ()
-    from torch.distributed.device_mesh import DeviceMesh
-
     split = [(i, p) for i, p in enumerate(grid) if p > 1] or [(0, 1)]
-    shape = tuple(p for _, p in split)
-    groups = comm.mesh_groups(shape, datetime.timedelta(seconds=timeout_s))
-    names = tuple(f"dim{i}" for i, _ in split)
-    mesh = DeviceMesh.from_group(groups, device_type, torch.arange(size).view(shape), mesh_dim_names=names)
-    placements = tuple(Shard(i) if p > 1 else Replicate() for i, p in split)
-    return mesh, placements
+    mesh = device_mesh([p for _, p in split], [f"dim{i}" for i, _ in split], device_type, timeout_s=timeout_s)
+    return mesh, tuple(Shard(i) if p > 1 else Replicate() for i, p in split)

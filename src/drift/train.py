@@ -39,8 +39,8 @@ from drift import comm
 from drift._plan import resolve_device
 from drift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
-from drift.launch import launched, process_group
-from drift.layout import chunk_sizes, chunk_slice, to_dtensor
+from drift.launch import GROUP_TIMEOUT_S, launched, process_group
+from drift.layout import chunk_sizes, chunk_slice, device_mesh, to_dtensor
 from drift.nn import FNO, METHODS, parallelize
 from drift.truncated import mode_lists
 
@@ -184,9 +184,7 @@ class Sharding:
         dims += [(name, p, Shard(2 + i)) for i, (name, p) in enumerate(zip("xyz", grid, strict=True)) if p > 1]
         if not dims:
             return cls(None, ())
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(device_type, tuple(p for _, p, _ in dims), mesh_dim_names=tuple(n for n, _, _ in dims))
+        mesh = device_mesh([p for _, p, _ in dims], [n for n, _, _ in dims], device_type, timeout_s=GROUP_TIMEOUT_S)
         return cls(mesh, tuple(placement for *_, placement in dims))
 
     def field_placements(self) -> tuple:

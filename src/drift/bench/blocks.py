@@ -27,7 +27,8 @@ from torch import nn
 from torch.distributed.tensor import Shard
 
 import drift
-from drift.bench.runner import RankError, device, peak_rss_gb, run_ranks, spread, timed
+from drift.bench.runner import bench_device, peak_rss_gb, spread, timed
+from drift.launch import RankError, rank_device, run_ranks
 from drift.layout import Layout, full_placements, grid_mesh, to_dtensor
 from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block, parallelize
 from drift.truncated import mode_lists
@@ -46,14 +47,14 @@ def distribute(model: nn.Module, shape: Sequence[int]) -> Layout:
     size = drift.comm.world_size()
     if size == 1:
         return Layout(shape)
-    mesh, placements = grid_mesh(slab(shape, size), device().type)
+    mesh, placements = grid_mesh(slab(shape, size), rank_device().type)
     parallelize(model, mesh, [Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements])
     return Layout(shape, mesh, placements)
 
 
 def random_input(layout: Layout, channels: int) -> torch.Tensor:
     """This rank's block of a random ``(1, channels, *shape)`` field on its device."""
-    return torch.randn(1, channels, *layout.local_shape, device=device())
+    return torch.randn(1, channels, *layout.local_shape, device=rank_device())
 
 
 def as_model_input(x: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -103,8 +104,8 @@ def block_worker(cases: Sequence[tuple], warmup: int, iters: int, backward: bool
     results = []
     for shape, modes, width, method in cases:
         torch.manual_seed(0)
-        conv = SpectralConv(width, width, modes, method=method, device=device())
-        linear = PointwiseLinear(width, width, device=device())
+        conv = SpectralConv(width, width, modes, method=method, device=rank_device())
+        linear = PointwiseLinear(width, width, device=rank_device())
         layout = distribute(nn.ModuleList([conv, linear]), shape)
         block = functools.partial(fno_block, conv, linear, layout=layout)
         results.append(_rank_result(*_time_passes(block, random_input(layout, width), warmup, iters, backward)))
@@ -132,7 +133,7 @@ def fno_worker(cases: Sequence[tuple], warmup: int, iters: int) -> list[dict[str
     results = []
     for shape, modes, width, method in cases:
         torch.manual_seed(0)
-        model = FNO(FIELDS, FIELDS, width, modes, method=method, device=device())
+        model = FNO(FIELDS, FIELDS, width, modes, method=method, device=rank_device())
         layout = distribute(model, shape)
         x = as_model_input(random_input(layout, FIELDS), layout)
         outer: dict[str, float] = {}
@@ -179,7 +180,7 @@ def run(worker, size: int, cases: Sequence[tuple], *args: Any, timeout_s: float 
     """``worker(cases, *args)`` on ``size`` ranks, one summary per case; when a rank fails, every case
     is ``{"completed": False, "error"}``."""
     try:
-        ranks = run_ranks(size, worker, list(cases), *args, timeout_s=timeout_s)
+        ranks = run_ranks(size, worker, list(cases), *args, device=bench_device(), timeout_s=timeout_s)
     except RankError as exc:
         return [{"completed": False, "error": str(exc)[-300:]} for _ in cases]
     return [summarise([r[i] for r in ranks]) for i in range(len(cases))]

@@ -15,7 +15,8 @@ import torch
 
 from drift.bench import capacity, comm, modes, phases, scaling, training
 from drift.bench.output import positive_int
-from drift.bench.runner import DEVICE_ENV, set_rank_threads
+from drift.bench.runner import DEVICE_ENV
+from drift.launch import set_rank_threads
 
 SUBCOMMANDS = {
     "scaling": (scaling, "strong and weak scaling of one FNO block, forward and backward, per method"),
@@ -53,8 +54,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _run_with_options(run, args: argparse.Namespace) -> int:
-    """Run a subcommand with ``--threads`` per rank and its ranks on ``--device`` (read by the ranks
-    from ``runner.DEVICE_ENV``)."""
+    """Run a subcommand with ``--threads`` per rank and its ranks on ``--device`` (read when it starts
+    them, from ``runner.DEVICE_ENV``)."""
     where = getattr(args, "device", "cpu")
     needed, gpus = _ranks_needed(args), torch.cuda.device_count()
     if where == "cuda" and gpus < needed:

@@ -49,7 +49,8 @@ from drift import comm as collectives
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.output import positive_int, shape_arg
-from drift.bench.runner import barrier, device, rank_zero, run_ranks, spread
+from drift.bench.runner import barrier, bench_device, rank_zero, spread
+from drift.launch import rank_device, run_ranks
 from drift.nn import FNO, METHODS
 from drift.profiling import synchronize_device
 from drift.truncated import best_order, mode_lists
@@ -189,7 +190,7 @@ def _per_rank(nbytes: int, size: int) -> int:
 def _operands(kind: str, nbytes: int, size: int) -> tuple:
     """The call and its input for an ``nbytes`` float32 vector (rounded to a multiple of ``size``)."""
     per_rank = _per_rank(nbytes, size)
-    on = dict(device=device())
+    on = dict(device=rank_device())
     if kind == "all_reduce":
         return collectives.all_reduce, torch.ones(per_rank * size, **on)
     if kind == "reduce_scatter":
@@ -218,7 +219,7 @@ def _sweep_worker(kinds: Sequence[str], sizes: Sequence[int], warmup: int, iters
         # Batches long enough that timer and barrier costs vanish next to them: one decision for all
         # ranks (rank 0's), so that every rank runs the same number of calls.
         each = (time.perf_counter() - start) / max(warmup, 1)
-        batch = torch.tensor([max(1, min(200, round(BATCH_TARGET_S / max(each, 1e-6))))], device=device())
+        batch = torch.tensor([max(1, min(200, round(BATCH_TARGET_S / max(each, 1e-6))))], device=rank_device())
         batches.append(int(collectives.broadcast(batch, src=0)) if size > 1 else int(batch))
     # Rounds of one batch per case, in a fresh order each round (the same on every rank): a slow spell
     # of a shared machine then lands on cases at random, not on neighbouring sizes of one collective.
@@ -240,7 +241,7 @@ def sweep(nproc: Sequence[int], kinds: Sequence[str], sizes: Sequence[int], warm
     """Measured seconds per call for each P > 1, collective and size: rows as in the module docstring."""
     rows = []
     for size in nproc:
-        ranks = run_ranks(size, _sweep_worker, kinds, sizes, warmup, iters)
+        ranks = run_ranks(size, _sweep_worker, kinds, sizes, warmup, iters, device=bench_device(), timeout_s=900.0)
         for kind in kinds:
             for nbytes in sizes:
                 # The slowest rank's: a collective is done when its last rank is.
@@ -290,7 +291,7 @@ def _fno_worker(shape: tuple, modes: tuple, width: int, methods: Sequence[str], 
     every = []
     for method in methods:
         torch.manual_seed(0)
-        model = FNO(FIELDS, FIELDS, width, modes, method=method, device=device())
+        model = FNO(FIELDS, FIELDS, width, modes, method=method, device=rank_device())
         layout = distribute(model, shape)
         x = as_model_input(random_input(layout, FIELDS), layout)
         per_forward = []
@@ -314,7 +315,9 @@ def fno_collectives(
     """The paper's Table I: per method and collective kind, one FNO forward's calls, payload bytes,
     measured seconds (the slowest rank's, which include waiting for the others to arrive, and the sum over
     calls of the last rank to arrive's) and the fitted model's seconds (``model_for``)."""
-    ranks = run_ranks(size, _fno_worker, shape, modes, width, list(methods), warmup, iters)
+    ranks = run_ranks(
+        size, _fno_worker, shape, modes, width, list(methods), warmup, iters, device=bench_device(), timeout_s=900.0
+    )
     rows = []
     for index, method in enumerate(methods):
         for kind in sorted({c[0] for c in ranks[0][index]}):

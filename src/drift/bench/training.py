@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     for method in output.progress(args.methods, "train: methods"):
         config = dataclasses.replace(base, method=method, out=str(args.out / "runs" / method))
         try:
-            history = run_ranks(train_rank, (config,), args.nproc)[0]
+            history = run_ranks(args.nproc, train_rank, config, device=config.device)[0]
         except RankError as exc:
             print(f"drift bench train: error: {method}: {exc}")
             return 1
