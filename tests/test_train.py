@@ -108,8 +108,8 @@ def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2, 3]
 
 
-def _evaluate(run, method, **options):
-    return evaluate(run, method=method, device=DEVICE, **options)
+def _evaluate(run, method, options=None):
+    return evaluate(run, method=method, device=DEVICE, **(options or {}))
 
 
 def test_checkpoint_from_two_ranks_evaluates_anywhere(ranks, data, tmp_path):
@@ -126,13 +126,13 @@ def test_checkpoint_from_two_ranks_evaluates_anywhere(ranks, data, tmp_path):
     # on 2 data x 2 spatial ranks with dfno; and read at 8^3 (every other point) with --resolution.
     fine = tmp_path / "fine.hdf5"
     generate(fine, samples=2, resolution=16, frames=7, seed=3, progress=False)
-    at16 = ranks.run(1, _evaluate, str(run), None, data=str(fine))[0]
+    at16 = ranks.run(1, _evaluate, str(run), None, dict(data=str(fine)))[0]
     assert at16["resolution"] == [16, 16, 16] and at16["test_trajectories"] == 1
     assert 0 < at16["test_rel_l2"] < 10
     for method, options in ((None, dict(grid=(2, 2, 1))), ("dfno", dict(data_parallel=2))):
-        for result in ranks.run(4, _evaluate, str(run), method, data=str(fine), **options):
+        for result in ranks.run(4, _evaluate, str(run), method, dict(data=str(fine), **options)):
             assert abs(result["test_rel_l2"] - at16["test_rel_l2"]) <= 1e-5 * at16["test_rel_l2"]
-    at8 = ranks.run(2, _evaluate, str(run), None, data=str(fine), resolution=8)
+    at8 = ranks.run(2, _evaluate, str(run), None, dict(data=str(fine), resolution=8))
     assert at8[0]["resolution"] == [8, 8, 8] and at8[0]["test_rel_l2"] == at8[1]["test_rel_l2"]
     assert at8[0]["test_rel_l2"] != at16["test_rel_l2"]
 
