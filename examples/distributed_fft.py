@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import distribute_tensor
 
 import drift
-from drift.layout import full_placements
+from drift.layout import shift_placements
 
 if "RANK" in os.environ:
     dist.init_process_group("gloo")
@@ -36,7 +36,7 @@ if mesh is None:  # one process: plain tensors
     err_fft, err_back = [float((a - b).norm() / b.norm()) for a, b in ((y, expected), (x_back, x))]
 else:  # DTensors of the global field (its batch dim first) in and out
     # The field's placements with its batch dim in front; each rank keeps its own block (no scatter).
-    x_dtensor = distribute_tensor(x, mesh, full_placements(fft.layout, 1), src_data_rank=None)
+    x_dtensor = distribute_tensor(x, mesh, shift_placements(fft.layout.placements, 1), src_data_rank=None)
     y = fft.forward(x_dtensor)  # a DTensor of rfftn(x), placed as fft.output_placements say
     x_back = fft.inverse(y)
     err_fft = float((y.full_tensor() - expected).norm() / expected.norm())

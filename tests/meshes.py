@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from harness import device_for
+from reference import random_tensor, rel_err
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import drift
@@ -51,3 +52,34 @@ def distribute(x: torch.Tensor, mesh, placements: Sequence, lead: int, requires_
 def local_block(x: torch.Tensor, mesh, placements: Sequence, lead: int) -> torch.Tensor:
     """This rank's block of ``x`` under ``placements``, as torch's DTensor sharding cuts it."""
     return distribute(x, mesh, placements, lead).to_local()
+
+
+def linear_functional(t, w):
+    """The real linear functional <w, t> (of ``view_as_real(t)`` for complex t), of DTensors or plain tensors."""
+    return ((torch.view_as_real(t) if t.is_complex() else t) * w).sum()
+
+
+def check_dtensor_runs(runs, mesh, device) -> None:
+    """For each ``(name, run, single, inp, in_placements, out_placements)``: ``run`` on the DTensor of
+    ``inp`` gives a DTensor placed as ``out_placements`` whose full value is ``single(inp)``'s, and the
+    gradient of a linear loss, taken on the DTensor or on its full tensor, is single-process autograd's."""
+    for seed, (name, run, single, inp, in_placements, out_placements) in enumerate(runs):
+        ref_in = inp.clone().requires_grad_(True)
+        ref_out = single(ref_in)
+        w = random_tensor((torch.view_as_real(ref_out) if ref_out.is_complex() else ref_out).shape, torch.float64, seed)
+        linear_functional(ref_out, w).backward()
+        for loss in ("dtensor", "full_tensor"):
+            xd = distribute(inp, mesh, in_placements, 0, requires_grad=True)
+            out = run(xd)
+            assert isinstance(out, DTensor) and out.device_mesh == mesh, name
+            assert tuple(out.placements) == out_placements, (name, out.placements)
+            full = out.full_tensor()
+            assert rel_err(full, ref_out) <= 1e-12, (name, rel_err(full, ref_out))
+            if loss == "dtensor":
+                real_out = torch.view_as_real(out) if out.is_complex() else out
+                linear_functional(out, distribute(w, mesh, real_out.placements, 0)).backward()
+            else:
+                linear_functional(full, w.to(device)).backward()
+            assert isinstance(xd.grad, DTensor) and tuple(xd.grad.placements) == in_placements, (name, loss)
+            err = rel_err(xd.grad.full_tensor(), ref_in.grad)
+            assert err <= 1e-12, (name, loss, err)

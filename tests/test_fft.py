@@ -10,7 +10,14 @@ import scipy.fft
 import torch
 import torch.distributed as dist
 from harness import attempt, check_one_bad_rank, device_for, rank_pool, short_timeout_group
-from meshes import distribute, lead_placements, local_block, mesh_for, rank_coordinates
+from meshes import (
+    check_dtensor_runs,
+    distribute,
+    lead_placements,
+    local_block,
+    mesh_for,
+    rank_coordinates,
+)
 from reference import TOL, case_id, mesh_block, random_tensor, rel_err, truncated_spectrum, zero_filled_inverse
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -392,11 +399,6 @@ def test_conversions_change_the_precision(kind, convert):
     assert rel_err(plan.inverse(y), x) <= TOL[dtype]
 
 
-def _linear(t, w):
-    """The real linear functional <w, t> (of ``view_as_real(t)`` for complex t), of DTensors or plain tensors."""
-    return ((torch.view_as_real(t) if t.is_complex() else t) * w).sum()
-
-
 def _check_dtensors(shape, grid, placements, kind, batch):
     """DTensor in, DTensor out: global values are torch.fft's (scipy's DCT), and the gradient of a DTensor loss on
     the output, or of a loss on its ``full_tensor()``, is single-process autograd's."""
@@ -412,26 +414,7 @@ def _check_dtensors(shape, grid, placements, kind, batch):
         ("forward", plan.forward, _differentiable(shape, kind, "ortho", False), x, field_placements, output_placements),
         ("inverse", plan.inverse, _differentiable(shape, kind, "ortho", True), y, output_placements, field_placements),
     ]
-    for seed, (name, run, single, inp, in_placements, out_placements) in enumerate(runs):
-        ref_in = inp.clone().requires_grad_(True)
-        ref_out = single(ref_in)
-        w = random_tensor((torch.view_as_real(ref_out) if ref_out.is_complex() else ref_out).shape, torch.float64, seed)
-        _linear(ref_out, w).backward()
-        for loss in ("dtensor", "full_tensor"):
-            xd = distribute(inp, mesh, in_placements, 0, requires_grad=True)
-            out = run(xd)
-            assert isinstance(out, DTensor) and out.device_mesh == mesh, name
-            assert tuple(out.placements) == out_placements, (name, out.placements)
-            full = out.full_tensor()
-            assert rel_err(full, ref_out) <= 1e-12, (name, rel_err(full, ref_out))
-            if loss == "dtensor":
-                real_out = torch.view_as_real(out) if out.is_complex() else out
-                _linear(out, distribute(w, mesh, real_out.placements, 0)).backward()
-            else:
-                _linear(full, w.to(device)).backward()
-            assert isinstance(xd.grad, DTensor) and tuple(xd.grad.placements) == in_placements, (name, loss)
-            err = rel_err(xd.grad.full_tensor(), ref_in.grad)
-            assert err <= 1e-12, (name, loss, err)
+    check_dtensor_runs(runs, mesh, device)
 
 
 DTENSOR_CASES = [

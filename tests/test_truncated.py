@@ -10,7 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import attempt, check_one_bad_rank, device_for, rank_pool, short_timeout_group
-from meshes import distribute, lead_placements, local_block, mesh_for, rank_coordinates
+from meshes import (
+    check_dtensor_runs,
+    distribute,
+    lead_placements,
+    local_block,
+    mesh_for,
+    rank_coordinates,
+)
 from reference import (
     TOL,
     case_id,
@@ -445,11 +452,6 @@ def test_chunked_unrecorded_passes_match(real):
     assert rel_err(plan.forward(x.clone().requires_grad_(True)), whole[0]) <= 1e-12
 
 
-def _linear(t, w):
-    """The real linear functional <w, t> (of ``view_as_real(t)`` for complex t), of DTensors or plain tensors."""
-    return ((torch.view_as_real(t) if t.is_complex() else t) * w).sum()
-
-
 def _check_dtensors(shape, grid, placements, modes, real, batch):
     """DTensor in, DTensor out: global values are torch.fft's, and the gradient of a DTensor loss on the output,
     or of a loss on its ``full_tensor()``, is single-process autograd's."""
@@ -475,26 +477,7 @@ def _check_dtensors(shape, grid, placements, modes, real, batch):
         ("inverse", plan.inverse, field, xhat, replicated, field_placements),
         ("inverse sharded", lambda t: plan.inverse(t, sharded=True), field, xhat, share_placements, field_placements),
     ]
-    for seed, (name, run, single, inp, in_placements, out_placements) in enumerate(runs):
-        ref_in = inp.clone().requires_grad_(True)
-        ref_out = single(ref_in)
-        w = random_tensor((torch.view_as_real(ref_out) if ref_out.is_complex() else ref_out).shape, torch.float64, seed)
-        _linear(ref_out, w).backward()
-        for loss in ("dtensor", "full_tensor"):
-            xd = distribute(inp, mesh, in_placements, 0, requires_grad=True)
-            y = run(xd)
-            assert isinstance(y, DTensor) and y.device_mesh == mesh, name
-            assert tuple(y.placements) == out_placements, (name, y.placements)
-            full = y.full_tensor()
-            assert rel_err(full, ref_out) <= 1e-12, (name, rel_err(full, ref_out))
-            if loss == "dtensor":
-                real_y = torch.view_as_real(y) if y.is_complex() else y
-                _linear(y, distribute(w, mesh, real_y.placements, 0)).backward()
-            else:
-                _linear(full, w.to(device)).backward()
-            assert isinstance(xd.grad, DTensor) and tuple(xd.grad.placements) == in_placements, (name, loss)
-            err = rel_err(xd.grad.full_tensor(), ref_in.grad)
-            assert err <= 1e-12, (name, loss, err)
+    check_dtensor_runs(runs, mesh, device)
 
 
 DTENSOR_CASES = [

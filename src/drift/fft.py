@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from drift import comm, dct
 from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
 from drift.errors import PlanError
-from drift.layout import Layout, chunk_sizes, chunk_slice, dtensor_layout, to_dtensor
+from drift.layout import Layout, chunk_sizes, chunk_slice, dtensor_layout, shift_placements, to_dtensor
 from drift.truncated import ModeSpec, mode_lists
 
 KINDS = ("c2c", "r2c", "dct2")
@@ -38,7 +38,7 @@ class _Local:
 
 @dataclass(frozen=True)
 class _Transpose:
-    """Make dim ``gather`` whole and split dim ``scatter`` over the same grid axis.
+    """Make dim ``gather`` whole and split dim ``scatter`` over the same mesh dim.
 
     ``gather_sizes[q]`` and ``scatter_sizes[q]`` are rank q's block extents (in the mesh dim's group,
     which ``coord`` indexes) on the two dims; before the step this rank holds block ``coord`` of
@@ -449,7 +449,7 @@ class DistributedFFT(ComplexModule):
                     f"forward input: a DTensor laid out as {layout} does not match the plan's {self.layout}"
                 )
             y = self._execute(x.to_local(), inverse=False)
-            placements = tuple(Shard(p.dim + lead) if isinstance(p, Shard) else p for p in self.output_placements)
+            placements = shift_placements(self.output_placements, lead)
             return to_dtensor(y, x.device_mesh, placements, (*x.shape[:lead], *self.output_shape))
         return self._execute(x, inverse=False)
 
@@ -461,13 +461,13 @@ class DistributedFFT(ComplexModule):
         """
         if isinstance(y, DTensor):
             lead = y.dim() - len(self.global_shape)
-            expected = tuple(Shard(p.dim + lead) if isinstance(p, Shard) else p for p in self.output_placements)
+            expected = shift_placements(self.output_placements, lead)
             if y.device_mesh != self.layout.mesh or tuple(y.placements) != expected:
                 raise PlanError(
                     f"inverse input: placements {y.placements} on {y.device_mesh}, expected {expected} on "
                     f"{self.layout.mesh}"
                 )
             x = self._execute(y.to_local(), inverse=True)
-            placements = tuple(Shard(p.dim + lead) if isinstance(p, Shard) else p for p in self.layout.placements)
+            placements = shift_placements(self.layout.placements, lead)
             return to_dtensor(x, y.device_mesh, placements, (*y.shape[:lead], *self.global_shape))
         return self._execute(y, inverse=True)

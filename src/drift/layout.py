@@ -265,18 +265,10 @@ def to_dtensor(local: torch.Tensor, mesh, placements: Sequence, global_shape: Se
     return DTensor.from_local(local, mesh, tuple(placements), run_check=False, shape=shape, stride=stride)
 
 
-def full_placements(layout: Layout, lead: int, data_axes: Sequence[int] = ()) -> tuple:
-    """Placements of a tensor with ``lead`` leading dims and ``layout``'s transformed dims after them,
-    its dim 0 sharded over ``data_axes``."""
-    out = []
-    for axis, p in enumerate(layout.placements):
-        if axis in data_axes:
-            out.append(Shard(0))
-        elif isinstance(p, Shard):
-            out.append(Shard(p.dim + lead))
-        else:
-            out.append(p)
-    return tuple(out)
+def shift_placements(placements: Sequence, lead: int) -> tuple:
+    """Placements of a field's transformed dims (``Shard(i)``: transformed dim i) for a tensor with
+    ``lead`` leading dims before them."""
+    return tuple(Shard(p.dim + lead) if isinstance(p, Shard) else p for p in placements)
 
 
 def device_mesh(shape: Sequence[int], names: Sequence[str], device_type: str = "cpu", *, timeout_s: float = 1800.0):

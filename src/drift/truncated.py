@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from drift import comm
 from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
 from drift.errors import PlanError
-from drift.layout import Layout, dtensor_layout, full_placements, to_dtensor
+from drift.layout import Layout, dtensor_layout, shift_placements, to_dtensor
 
 _NORMS = ("backward", "ortho", "forward")
 WORK_BYTES = 64 * 2**20  # the bound on a chunk's intermediates in passes autograd does not record
@@ -464,4 +464,4 @@ class TruncatedFFT(ComplexModule):
             local = self.layout.replicate(local)
         y = self.inverse(local, sharded=sharded)
         shape = (*xhat.shape[:lead], *self.global_shape)
-        return to_dtensor(y, xhat.device_mesh, full_placements(self.layout, lead), shape)
+        return to_dtensor(y, xhat.device_mesh, shift_placements(self.layout.placements, lead), shape)

@@ -29,7 +29,7 @@ from torch.distributed.tensor import Shard
 import drift
 from drift.bench.runner import bench_device, peak_rss_gb, spread, timed
 from drift.launch import RankError, rank_device, run_ranks
-from drift.layout import Layout, full_placements, grid_mesh, to_dtensor
+from drift.layout import Layout, grid_mesh, shift_placements, to_dtensor
 from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block, parallelize
 from drift.truncated import mode_lists
 
@@ -61,7 +61,7 @@ def as_model_input(x: torch.Tensor, layout: Layout) -> torch.Tensor:
     """A local block as a parallelized model takes it: a DTensor on the layout's mesh (itself on one rank)."""
     if layout.mesh is None:
         return x
-    return to_dtensor(x, layout.mesh, full_placements(layout, 2), (*x.shape[:2], *layout.global_shape))
+    return to_dtensor(x, layout.mesh, shift_placements(layout.placements, 2), (*x.shape[:2], *layout.global_shape))
 
 
 def _split_phases(prof: dict[str, float], log: drift.CommLog, total: float) -> dict[str, float]:

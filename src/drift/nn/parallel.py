@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from drift.nn.fno import PointwiseLinear
 from drift.nn.spectral import SpectralConv
@@ -94,7 +94,3 @@ def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple
     plan = DistributedFFT(nominal, mesh, spatial, kind=kind, modes=layer.modes_at(nominal), device="meta")
     return layer._weight_placements(plan)
 
-
-def is_parallel(model: nn.Module) -> bool:
-    """Whether ``model`` holds DTensor parameters (was parallelized)."""
-    return any(isinstance(p, DTensor) for p in model.parameters())
