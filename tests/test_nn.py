@@ -485,3 +485,29 @@ def test_unrecorded_projection_in_chunks_matches(monkeypatch):
     with torch.no_grad():
         chunked = model(x)
     assert chunked.shape == recorded.shape and rel_err(chunked, recorded) <= 1e-12
+
+
+def _convert_parallelized(state):
+    """A parallelized float32 model (its plans built) converted by ``.double()``: exact in float64."""
+    device = device_for(dist.get_rank())
+    model = FNO(2, 1, 6, (2, 2, 3), n_layers=2, device=device)
+    model.load_state_dict(state)
+    mesh, placements = _mesh((2, 1, 1))
+    parallelize(model, mesh, placements)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 12)
+    with torch.no_grad():
+        model(_distribute(x.float(), mesh, placements, device)[0])
+        model.double()
+        y = model(_distribute(x, mesh, placements, device)[0])
+    assert isinstance(model.spectral[0].weight, DTensor) and model.spectral[0].weight.dtype == torch.complex128
+    return _whole(y)
+
+
+def test_parallelized_model_converts_exactly(ranks):
+    torch.manual_seed(13)
+    single = FNO(2, 1, 6, (2, 2, 3), n_layers=2)
+    state = {k: v.clone() for k, v in single.state_dict().items()}
+    single.double()
+    want = reference_fno(single, random_tensor((2, 2, 9, 8, 6), torch.float64, 12))
+    for y in ranks.run(2, _convert_parallelized, state):
+        assert rel_err(y, want) <= 1e-12
