@@ -178,7 +178,7 @@ class Layout:
         for axis in self.spatial_axes:
             parts = self.axis_size(axis)
             n, c = x.shape[1], -(-x.shape[1] // parts)
-            padded = F.pad(x, (0, 0) * (x.dim() - 2) + (0, parts * c - n))
+            padded = x if parts * c == n else F.pad(x, (0, 0) * (x.dim() - 2) + (0, parts * c - n))
             send = (
                 padded.view(x.shape[0], parts, c, *x.shape[2:])
                 .transpose(0, 1)
@@ -200,7 +200,7 @@ class Layout:
         for axis, m in zip(reversed(self.spatial_axes), reversed(extents), strict=True):
             parts = self.axis_size(axis)
             c = -(-m // parts)
-            padded = F.pad(x, (0, 0) * (x.dim() - 2) + (0, c - x.shape[1]))
+            padded = x if c == x.shape[1] else F.pad(x, (0, 0) * (x.dim() - 2) + (0, c - x.shape[1]))
             every = comm.all_gather(padded, group=self.group(axis)).view(parts, x.shape[0], c, *x.shape[2:])
             x = torch.cat([every[q, :, :size] for q, size in enumerate(chunk_sizes(m, parts))], dim=1)
         return x
