@@ -511,3 +511,69 @@ def test_parallelized_model_converts_exactly(ranks):
     want = reference_fno(single, random_tensor((2, 2, 9, 8, 6), torch.float64, 12))
     for y in ranks.run(2, _convert_parallelized, state):
         assert rel_err(y, want) <= 1e-12
+
+
+def test_plans_built_in_inference_mode_serve_training():
+    torch.manual_seed(14)
+    for method in drift.nn.METHODS:
+        model = FNO(2, 1, 6, (2, 2, 3), n_layers=2, method=method, dtype=torch.float64)
+        x = random_tensor((2, 2, 9, 8, 6), torch.float64, 15)
+        with torch.inference_mode():
+            model(x)  # the plans are first built here
+        model(x).square().sum().backward()
+        assert all(p.grad is not None for p in model.parameters()), method
+
+
+def test_layers_follow_the_default_dtype():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = FNO(2, 1, 6, (2, 2, 3), n_layers=1)
+    finally:
+        torch.set_default_dtype(before)
+    assert model.lift.weight.dtype == torch.float64 and model.spectral[0].weight.dtype == torch.complex128
+
+
+def test_half_precision_inputs_outside_autocast_say_so():
+    model = FNO(2, 1, 6, (2, 2, 3), n_layers=1).bfloat16()
+    with pytest.raises(drift.PlanError, match="torch.bfloat16 input outside torch.autocast.*use torch.autocast"):
+        model(torch.randn(1, 2, 9, 8, 6, dtype=torch.bfloat16))
+
+
+def _pruned_any_resolution():
+    """dfno-pruned over 4 ranks splitting the real last dim, at resolutions whose middle dim is shorter
+    than the rank count: the same weight placements at every resolution."""
+    device = device_for(dist.get_rank())
+    torch.manual_seed(16)
+    layer = SpectralConv(2, 2, (2, 1, 2), method="dfno-pruned", dtype=torch.float64, device=device)
+    w = layer.weight.detach().cpu().clone()
+    mesh, _ = _mesh((1, 1, 4))
+    parallelize(layer, mesh, (Shard(-1),))  # a negative dim, as DTensor allows
+    errors = []
+    for shape in ((8, 2, 8), (8, 3, 8), (16, 12, 16)):
+        x = random_tensor((2, 2, *shape), torch.float64, 17)
+        y = layer(_distribute(x, mesh, (Shard(4),), device)[0])
+        errors.append(rel_err(y.full_tensor(), reference_conv(x, w, layer.modes_at(shape), shape, True)))
+    return errors
+
+
+def test_dfno_pruned_runs_at_any_resolution_that_holds_the_modes(ranks):
+    for errors in ranks.run(4, _pruned_any_resolution):
+        assert max(errors) <= 1e-12, errors
+
+
+def _unhandled_parameter():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fno = FNO(1, 1, 4, (2, 2, 2), n_layers=1)
+            self.gain = torch.nn.Parameter(torch.ones(()))
+
+    mesh, _ = _mesh((2, 1, 1))
+    with pytest.raises(ValueError, match="neither synchronised nor reduced: gain"):
+        parallelize(Scaled(), mesh, (Shard(2),))
+    return True
+
+
+def test_parallelize_refuses_parameters_it_cannot_reduce(ranks):
+    assert ranks.run(2, _unhandled_parameter) == [True, True]

@@ -24,11 +24,15 @@ from drift.train import Sharding, TrainConfig, build_model, evaluate, train
 DEVICE = os.environ.get(DEVICE_ENV, "cpu")
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("train") / "cfd.hdf5"
+def tiny_data(path) -> str:
+    """Writes the tests' tiny data set to ``path``: 4 trajectories (3 to train on) of 7 frames on 8^3."""
     generate(path, samples=4, resolution=8, frames=7, seed=1, progress=False)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return tiny_data(tmp_path_factory.mktemp("train") / "cfd.hdf5")
 
 
 def _config(data, out, **changes) -> TrainConfig:

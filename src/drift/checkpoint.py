@@ -12,16 +12,25 @@ one process with plain tensors, or the other way round.
 Writing is crash-safe: DCP writes into ``epoch-NNNN.partial``; only when every rank has finished
 does rank 0 add ``meta.json``, rename the folder and then replace ``<root>/latest`` (a one-line file
 naming the folder) atomically. A crash at any moment leaves ``latest`` naming a complete checkpoint.
+Pruning then never touches that checkpoint: it deletes the checkpoints of higher epochs (an older,
+longer run's: a run writes its epochs in increasing order, so a fresh run clears them at its first
+checkpoint), all but the ``keep - 1`` newest of lower epochs, and leftover ``.partial`` folders.
 
 Checkpoints live on the default process group (every rank of the job).
+
+One run folder, one writer: ``folder_lock`` holds ``<run folder>/train.lock`` (an advisory ``flock``,
+the file naming the owner's host and pid) for the whole run. The kernel releases it when its owner
+dies, so a lock left by a killed run is taken over by the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
+import socket
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,10 +48,15 @@ from torch.distributed.checkpoint.state_dict import (
 from drift import comm
 
 LATEST = "latest"
+LOCK = "train.lock"
 
 
 class CheckpointError(ValueError):
     """A missing or incompatible checkpoint; the message names the folder."""
+
+
+class FolderInUse(RuntimeError):
+    """Another live process holds a run folder's lock; the message names the folder and the owner."""
 
 
 def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
@@ -75,11 +89,30 @@ def save_checkpoint(
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
         _write_atomic(root / LATEST, name + "\n")
-        complete = sorted(p for p in root.glob("epoch-*") if p.is_dir() and not p.name.endswith(".partial"))
-        for old in complete[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        _prune(root, epoch, keep)
     comm.barrier()
     return final
+
+
+def _epoch(path: Path) -> int | None:
+    """The epoch of a checkpoint folder's name ``epoch-NNNN`` (None for another name)."""
+    number = path.name.removeprefix("epoch-")
+    return int(number) if number.isdecimal() else None
+
+
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """The complete checkpoint folders under ``root`` (those with ``meta.json``), oldest epoch first."""
+    found = [p for p in Path(root).glob("epoch-*") if _epoch(p) is not None and (p / "meta.json").is_file()]
+    return sorted(found, key=_epoch)
+
+
+def _prune(root: Path, epoch: int, keep: int) -> None:
+    """After writing ``epoch`` (which ``latest`` names): delete the checkpoints of higher epochs (an older
+    run's), all but the ``keep - 1`` newest of lower epochs, and leftover ``.partial`` folders."""
+    older = [p for p in complete_checkpoints(root) if _epoch(p) < epoch]
+    stale = [p for p in complete_checkpoints(root) if _epoch(p) > epoch]
+    for old in [*older[: max(0, len(older) - (keep - 1))], *stale, *root.glob("epoch-*.partial")]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -114,8 +147,12 @@ def latest_checkpoint(root: str | Path) -> Path:
 
 
 def read_meta(path: str | Path) -> dict:
-    """The ``meta`` a checkpoint was saved with."""
-    return json.loads((Path(path) / "meta.json").read_text())
+    """The ``meta`` a checkpoint was saved with (CheckpointError naming the file if it does not parse)."""
+    file = Path(path) / "meta.json"
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{file}: unreadable ({type(exc).__name__}: {exc})") from None
 
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
@@ -132,3 +169,77 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optim"])
     return read_meta(path)
+
+
+def _try_lock(path: Path, create: bool) -> int | None:
+    """A descriptor holding ``path``'s exclusive flock, or None when another process holds it (or, without
+    ``create``, when there is no such file)."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder removed the file between our open and flock: try the new one
+        if not create:
+            return None
+
+
+def _owner(path: Path) -> str:
+    """The owner a lock file names: ``pid P on host H``."""
+    try:
+        owner = json.loads(path.read_text())
+        return f"pid {owner['pid']} on host {owner['host']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "an unknown process"  # it is writing the file right now
+
+
+def _in_use(folder: Path) -> FolderInUse:
+    lock = folder / LOCK
+    return FolderInUse(
+        f"{folder} is in use by another drift train ({_owner(lock)}, lock {lock}); "
+        "wait for it to finish or use another --out"
+    )
+
+
+def check_unlocked(folder: str | Path) -> None:
+    """FolderInUse if a live process holds ``folder``'s lock (a probe: takes nothing; a folder that
+    cannot be read is left for the run itself to report)."""
+    folder = Path(folder)
+    try:
+        fd = _try_lock(folder / LOCK, create=False)
+    except OSError:
+        return
+    if fd is not None:
+        os.close(fd)
+    elif (folder / LOCK).exists():
+        raise _in_use(folder)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path) -> Iterator[None]:
+    """Hold ``folder``'s lock inside the block (the folder is created first); the lock file names this
+    host and pid and is removed at the end. FolderInUse if a live process holds it; a lock whose owner
+    died is taken over."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK
+    fd = _try_lock(path, create=True)
+    if fd is None:
+        raise _in_use(folder)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(dict(host=socket.gethostname(), pid=os.getpid())).encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)

@@ -59,10 +59,18 @@ def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str) -> An
 
 
 def _train(args: argparse.Namespace) -> int:
-    from drift.checkpoint import CheckpointError
+    from drift.checkpoint import CheckpointError, FolderInUse, check_unlocked
     from drift.data import DataError
     from drift.launch import RankError, launched
-    from drift.train import ConfigError, check_config, config_from, ensure_default_data, train_rank
+    from drift.train import (
+        ConfigError,
+        NonFiniteError,
+        check_config,
+        check_fresh_run,
+        config_from,
+        ensure_default_data,
+        train_rank,
+    )
 
     config = config_from(vars(args))
     try:
@@ -71,6 +79,7 @@ def _train(args: argparse.Namespace) -> int:
             if args.nproc is not None and args.nproc != world:
                 raise ConfigError(f"--nproc {args.nproc} under torchrun, which started {world} ranks")
             config.nproc = world
+            check_fresh_run(config)
             history = train_rank(config)  # checks the options on every rank, after the data exist
             if int(os.environ["RANK"]) != 0:
                 return 0
@@ -78,8 +87,10 @@ def _train(args: argparse.Namespace) -> int:
             if config.data is None:
                 config.data = str(ensure_default_data())
             check_config(config, config.nproc)
+            check_fresh_run(config)
+            check_unlocked(config.out)  # rank 0 takes the lock; this refuses before any rank starts
             history = _on_ranks(config.nproc, train_rank, config, config.device)
-    except (ConfigError, DataError, CheckpointError, RankError) as exc:
+    except (ConfigError, DataError, CheckpointError, FolderInUse, NonFiniteError, RankError) as exc:
         return _fail("train", str(exc))
     last = history[-1] if history else None
     if last is not None:
@@ -185,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_train(commands) -> None:
     from drift.nn import METHODS
-    from drift.train import TrainConfig
+    from drift.train import ON_NAN, TrainConfig
 
     d = TrainConfig()
     train = commands.add_parser(
@@ -220,6 +231,13 @@ def _add_train(commands) -> None:
     train.add_argument("--t-in", type=positive(int), default=d.t_in, help="input frames")
     train.add_argument("--t-out", type=positive(int), default=d.t_out, help="predicted frames")
     train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    train.add_argument(
+        "--on-nan",
+        choices=ON_NAN,
+        default=d.on_nan,
+        help="on a non-finite loss or gradient norm: stop the run (default) or skip that batch, counted in "
+        "metrics.jsonl as skipped_batches",
+    )
     train.set_defaults(run=_train)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import pickle
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -268,6 +269,17 @@ def broadcast(x: torch.Tensor, *, src: int = 0, group=None) -> torch.Tensor:
         with _recorded("broadcast", n, n if rank(group) == src else 0, size):
             dist.broadcast(_real(out), dist.get_global_rank(group, src) if group is not None else src, group=group)
     return out
+
+
+def broadcast_object(obj: object, *, src: int = 0) -> object:
+    """Rank ``src``'s picklable ``obj`` on every rank of the default group (``obj`` itself on one rank)."""
+    if world_size() == 1:
+        return obj
+    objects = [obj]
+    n = len(pickle.dumps(obj)) if rank() == src else 0
+    with _recorded("broadcast_object", n, n, world_size()):
+        dist.broadcast_object_list(objects, src=src)
+    return objects[0]
 
 
 def barrier(group=None) -> None:

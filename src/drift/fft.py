@@ -211,6 +211,7 @@ class DistributedFFT(ComplexModule):
     ``output_shape``, split as ``output_placements`` say. DTensor inputs give DTensor outputs.
     """
 
+    @torch.inference_mode(False)  # buffers made during an inference pass must serve training later
     def __init__(
         self,
         global_shape: Sequence[int],
@@ -305,10 +306,11 @@ class DistributedFFT(ComplexModule):
             a = axis[split]
             parts = layout.axis_size(a)
             # A whole dim is always among the candidates (the whole dims are as many as at the start, and
-            # transformed by now). One that every rank gets a part of is preferred; a shorter one leaves
-            # trailing blocks empty (torch.chunk), which every step handles.
+            # transformed by now). One whose output every rank gets a part of is preferred; a shorter one
+            # leaves trailing blocks empty (torch.chunk), which every step handles. Judging by the output
+            # extent keeps a pruned plan's output placements the same at every resolution.
             whole_dims = [j for j in candidates if axis[j] is None]
-            whole = max([j for j in whole_dims if extents[j] >= parts] or whole_dims)
+            whole = max([j for j in whole_dims if self.output_shape[j] >= parts] or whole_dims)
             coord = layout.coordinate[a]
             sizes = (tuple(chunk_sizes(extents[split], parts)), tuple(chunk_sizes(extents[whole], parts)))
             steps.append(_Transpose(split, whole, *sizes, coord, layout.group(a)))

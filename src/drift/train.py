@@ -16,16 +16,22 @@ Loss: the mean squared error over the global batch (each rank's loss is its shar
 their sum is the global loss, torch.distributed's convention; drift sums the gradients over the mesh
 itself). Test metric: the relative L2 error ``||pred - true|| / ||true||`` of each test trajectory over
 its whole normalised field (every field, time and point), averaged over the trajectories.
+
+Guards: rank 0 holds the run folder's lock for the whole run (``drift.checkpoint.folder_lock``); every
+step all-reduces one flag for a non-finite loss or gradient norm on any rank, and before the optimizer
+step (so before any checkpoint could hold the result) the run stops with ``NonFiniteError`` naming the
+epoch, step and trajectories, or (``on_nan="skip-batch"``) skips the batch and counts it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,7 +43,16 @@ from tqdm import tqdm
 
 from drift import comm
 from drift._plan import resolve_device
-from drift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
+from drift.checkpoint import (
+    CheckpointError,
+    FolderInUse,
+    complete_checkpoints,
+    folder_lock,
+    latest_checkpoint,
+    load_checkpoint,
+    read_meta,
+    save_checkpoint,
+)
 from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
 from drift.launch import GROUP_TIMEOUT_S, launched, process_group
 from drift.layout import chunk_sizes, chunk_slice, device_mesh, to_dtensor
@@ -51,10 +66,16 @@ if TYPE_CHECKING:
 DEFAULT_DATA = dict(samples=64, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
 MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out")
+# What a non-finite loss or gradient norm does: stop the run, or skip that batch.
+ON_NAN = ("stop", "skip-batch")
 
 
 class ConfigError(ValueError):
     """An option value that cannot work; the message names the option."""
+
+
+class NonFiniteError(RuntimeError):
+    """A non-finite loss or gradient norm stopped training; the message names the epoch, step and trajectories."""
 
 
 @dataclass
@@ -79,6 +100,7 @@ class TrainConfig:
     t_in: int = 5
     t_out: int = 16
     progress: bool = True
+    on_nan: str = "stop"
 
 
 def config_from(options: dict, **changes) -> TrainConfig:
@@ -115,6 +137,8 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"--lr must be positive, got {config.lr}")
     if config.method not in METHODS:
         raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {config.method!r}")
+    if config.on_nan not in ON_NAN:
+        raise ConfigError(f"--on-nan must be one of {', '.join(ON_NAN)}, got {config.on_nan!r}")
     if config.device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
     if config.device == "cuda":
@@ -290,25 +314,73 @@ def _datasets(
     return train_set, test_set
 
 
-def resume_point(config: TrainConfig) -> tuple[Path, dict]:
-    """The checkpoint ``--resume`` continues from and its meta; CheckpointError if the run's options
-    differ."""
-    path = latest_checkpoint(Path(config.out) / "checkpoints")
-    meta = read_meta(path)
+def _check_options(config: TrainConfig, path: Path, meta: dict, advice: str = "") -> None:
+    """CheckpointError naming the first option the checkpoint at ``path`` was trained with otherwise."""
     saved = meta["config"]
     for name in (*MODEL_OPTIONS, "method", "lr", "batch_size"):
         if json.loads(json.dumps(getattr(config, name))) != saved[name]:
             option = f"--{name.replace('_', '-')}"
             raise CheckpointError(
-                f"{path}: {option} is {getattr(config, name)}, the run was trained with {saved[name]}"
+                f"{path}: {option} is {getattr(config, name)}, the run was trained with {saved[name]}{advice}"
             )
+
+
+def resume_point(config: TrainConfig) -> tuple[Path, dict]:
+    """The checkpoint ``--resume`` continues from and its meta; CheckpointError if the run's options
+    differ."""
+    path = latest_checkpoint(Path(config.out) / "checkpoints")
+    meta = read_meta(path)
+    _check_options(config, path, meta)
     return path, meta
+
+
+def check_fresh_run(config: TrainConfig) -> None:
+    """For ``drift train`` without ``--resume``: CheckpointError naming the option if ``--out`` holds
+    checkpoints trained with other options (the fresh run would replace them at its first checkpoint, as
+    it replaces those of a run with the same options)."""
+    if config.resume:
+        return
+    root = Path(config.out) / "checkpoints"
+    advice = f"; a fresh run would replace its checkpoints: use another --out, or delete {root}"
+    for path in complete_checkpoints(root):
+        _check_options(config, path, read_meta(path), advice)
+
+
+@contextlib.contextmanager
+def _one_writer(out: Path) -> Iterator[None]:
+    """Rank 0 holds ``out``'s lock inside the block; FolderInUse on every rank when another run holds it."""
+    with contextlib.ExitStack() as stack:
+        refused = None
+        if comm.rank() == 0:
+            try:
+                stack.enter_context(folder_lock(out))
+            except FolderInUse as exc:
+                refused = str(exc)
+        refused = comm.broadcast_object(refused)
+        if refused is not None:
+            raise FolderInUse(refused)
+        yield
+
+
+def _nonfinite(loss: torch.Tensor, model: FNO) -> list[str]:
+    """What is non-finite on any rank ("loss", "gradient norm"): one all-reduce of this rank's flags
+    (its share of the loss, the norm of its blocks of the gradients)."""
+    norms = [torch.linalg.vector_norm(_local(p.grad)).double() for p in model.parameters() if p.grad is not None]
+    flags = torch.stack([~torch.isfinite(loss.detach()), ~torch.isfinite(torch.stack(norms).sum())]).double()
+    return [what for what, flag in zip(("loss", "gradient norm"), _global_sum(flags).tolist(), strict=True) if flag]
 
 
 def train(config: TrainConfig) -> list[dict]:
     """Train on this rank's blocks (call on every rank of the default group, or alone); returns the
-    per-epoch metrics (the same on every rank). Rank 0 writes ``config.out``: ``metrics.jsonl``,
-    ``stats.json``, ``checkpoints/``, and at the end ``loss.png`` and ``slice.png``."""
+    per-epoch metrics (the same on every rank). Rank 0 holds ``config.out``'s lock (FolderInUse if
+    another run does) and writes ``metrics.jsonl``, ``stats.json``, ``checkpoints/``, and at the end
+    ``loss.png`` and ``slice.png``. A non-finite loss or gradient norm raises NonFiniteError before the
+    optimizer step, or with ``on_nan="skip-batch"`` skips the batch (``skipped_batches`` per epoch)."""
+    with _one_writer(Path(config.out)):
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> list[dict]:
     device = resolve_device(config.device)
     rank, out = comm.rank(), Path(config.out)
     data = Path(config.data) if config.data is not None else default_data_path()
@@ -339,19 +411,37 @@ def train(config: TrainConfig) -> list[dict]:
         # The same permutation on every rank: each reads its block of its share of the same batches.
         order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for first in range(0, len(order), config.batch_size):
+        trained, skipped = 0, 0
+        for step, first in enumerate(range(0, len(order), config.batch_size), 1):
             indices = order[first : first + config.batch_size].tolist()
             x, y = _batch(train_set, indices, sharding, device)
             # This rank's share of the global batch's loss: the ranks' losses sum to it.
             loss = F.mse_loss(_local(model(x)), y, reduction="sum") / (count * len(indices))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if bad := _nonfinite(loss, model):
+                trajectories = [train_set.trajectories[i] for i in indices]
+                where = f"epoch {epoch + 1}, step {step}, training trajectories {trajectories}"
+                if config.on_nan == "stop":
+                    last = f"epoch-{epoch:04d}" if epoch else "none"
+                    raise NonFiniteError(
+                        f"non-finite {' and '.join(bad)} at {where}; stopped before the optimizer step (last "
+                        f"checkpoint: {last}); --on-nan skip-batch skips such batches"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
             optimizer.step()
+            trained += len(indices)
             total += loss.detach() * len(indices)
-        train_loss = float(_global_sum(total)) / len(train_set)
+        if not trained:
+            raise NonFiniteError(f"epoch {epoch + 1}: every batch had a non-finite loss or gradient norm")
+        train_loss = float(_global_sum(total)) / trained
         test_l2 = relative_l2(model, test_set, sharding, config.batch_size, device)
         seconds = time.perf_counter() - began
-        row = dict(epoch=epoch + 1, train_loss=train_loss, test_rel_l2=test_l2, seconds=seconds)
+        row = dict(
+            epoch=epoch + 1, train_loss=train_loss, test_rel_l2=test_l2, seconds=seconds, skipped_batches=skipped
+        )
         history.append(row)
         meta = dict(
             epoch=epoch + 1,

@@ -201,6 +201,7 @@ class TruncatedFFT(ComplexModule):
     inverse costs the same).
     """
 
+    @torch.inference_mode(False)  # bases built during an inference pass must serve training later
     def __init__(
         self,
         global_shape: Sequence[int],
@@ -254,6 +255,7 @@ class TruncatedFFT(ComplexModule):
             f"real={self.real}, dtype={self.dtype}, norm={self.norm!r}, order={self.order}"
         )
 
+    @torch.inference_mode(False)
     def _apply(self, fn, recurse=True):
         """After a conversion the bases are rebuilt from float64 in the new precision and place, so a
         plan made in float32 and converted by ``.double()`` is exact in float64."""

@@ -22,6 +22,7 @@ from drift.layout import Layout
 
 FIELDS = ("density", "pressure", "Vx", "Vy", "Vz")
 COORDINATES = ("x-coordinate", "y-coordinate", "z-coordinate")
+SHOWN = 10  # trajectories with non-finite values named in the error
 
 
 class DataError(ValueError):
@@ -82,6 +83,11 @@ def read_layout(path: str | Path, fields: Sequence[str] = FIELDS) -> tuple[int, 
                 raise DataError(f"{path}: missing dataset {key!r} (has {sorted(f.keys())})")
             if f[key].ndim != 5:
                 raise DataError(f"{path}: dataset {key!r} has shape {f[key].shape}, not [batch, time, x, y, z]")
+            if f[key].dtype not in (np.float32, np.float64):
+                raise DataError(
+                    f"{path}: dataset {key!r} is {f[key].dtype}; drift reads float32 or float64 fields "
+                    "(write the file's fields as float32)"
+                )
             if shape is not None and f[key].shape != shape:
                 raise DataError(f"{path}: dataset {key!r} has shape {f[key].shape}, {fields[0]!r} has {shape}")
             shape = f[key].shape
@@ -165,7 +171,7 @@ class PDEBench3D(torch.utils.data.Dataset):
         n_test = max(1, round(trajectories * test_fraction)) if trajectories > 1 else 0
         train = list(range(trajectories - n_test))
         self.trajectories = train if split == "train" else list(range(trajectories - n_test, trajectories))
-        self.stats = stats if stats is not None else self._statistics(train)
+        self.stats = stats if stats is not None else self._statistics(train, trajectories)
         if self.stats.fields != self.fields:
             raise ValueError(f"stats are for fields {self.stats.fields}, the data set reads {self.fields}")
 
@@ -177,19 +183,31 @@ class PDEBench3D(torch.utils.data.Dataset):
         except (OSError, KeyError) as exc:
             raise DataError(f"{self.path}: cannot read dataset {key!r} ({exc})") from None
 
-    def _statistics(self, trajectories: list[int]) -> Stats:
-        """Mean and std per field over every frame and point of ``trajectories``: one all-reduce of the
-        per-rank sums over the mesh (the default group). A mesh dim that does not split the field (data
-        parallel) counts each point once per rank along it, which scales every sum alike and leaves the
-        ratios unchanged."""
+    def _statistics(self, train: Sequence[int], trajectories: int) -> Stats:
+        """Mean and std per field over every frame and point of the ``train`` trajectories: one all-reduce
+        of the per-rank sums over the mesh (the default group). A mesh dim that does not split the field
+        (data parallel) counts each point once per rank along it, which scales every sum alike and leaves
+        the ratios unchanged. The same pass reads the frames used of every trajectory of the file (the
+        test ones too): non-finite values are a DataError naming each trajectory and field, on every rank."""
         sums = torch.zeros(len(self.fields), 3, dtype=torch.float64)
-        frames = slice(0, self.t_in + self.t_out)
+        bad = torch.zeros(len(self.fields), trajectories, dtype=torch.float64)  # non-finite values
+        frames, train = slice(0, self.t_in + self.t_out), set(train)
         for i, key in enumerate(self.fields):
-            for t in trajectories:
+            for t in range(trajectories):
                 block = self._read(key, t, frames).astype(np.float64)
-                sums[i] += torch.tensor([block.size, block.sum(), np.square(block).sum()], dtype=torch.float64)
+                bad[i, t] = block.size - np.count_nonzero(np.isfinite(block))
+                if t in train:
+                    sums[i] += torch.tensor([block.size, block.sum(), np.square(block).sum()], dtype=torch.float64)
         if self.mesh is not None and self.mesh.size() > 1:
-            sums = comm.all_reduce(sums)
+            sums, bad = comm.all_reduce(torch.cat([sums, bad], 1)).split([3, trajectories], 1)
+        if bad.any():
+            found = [
+                f"{'training' if t in train else 'test'} trajectory {t} "
+                f"({', '.join(repr(self.fields[i]) for i in bad[:, t].nonzero().flatten().tolist())})"
+                for t in bad.any(0).nonzero().flatten().tolist()
+            ]
+            more = f" and {len(found) - SHOWN} more trajectories" if len(found) > SHOWN else ""
+            raise DataError(f"{self.path}: non-finite values (NaN or inf) in {', '.join(found[:SHOWN])}{more}")
         count, total, squares = sums.unbind(1)
         mean = total / count.clamp(min=1)
         std = (squares / count.clamp(min=1) - mean.square()).clamp(min=0).sqrt()

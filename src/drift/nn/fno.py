@@ -35,10 +35,11 @@ class PointwiseLinear(nn.Module):
         in_channels: int,
         out_channels: int,
         *,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ):
         super().__init__()
+        dtype = dtype or torch.get_default_dtype()
         bound = 1 / math.sqrt(in_channels)
         weight = (torch.rand(out_channels, in_channels, dtype=torch.float64) * 2 - 1) * bound
         bias = (torch.rand(out_channels, dtype=torch.float64) * 2 - 1) * bound
@@ -87,7 +88,7 @@ def fno_block(
 
 
 class FNO(nn.Module):
-    """Li et al.'s Fourier neural operator on ``(batch, in_channels, *spatial)`` fields of any resolution.
+    """Li et al.'s Fourier neural operator on real ``(batch, in_channels, *spatial)`` fields of any resolution.
 
     A pointwise lift to ``width`` channels, ``n_layers`` blocks ``x = gelu(W x + K x)`` (W pointwise,
     K a ``SpectralConv`` keeping ``modes`` per spatial dim; no activation after the last block, as Li
@@ -108,9 +109,8 @@ class FNO(nn.Module):
         n_layers: int = 4,
         *,
         method: str = "drift",
-        real: bool = True,
         projection_width: int = PROJECTION_WIDTH,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
@@ -121,7 +121,7 @@ class FNO(nn.Module):
         self.spectral = nn.ModuleList()
         self.pointwise = nn.ModuleList()
         for _ in range(n_layers):
-            self.spectral.append(SpectralConv(width, width, modes, method=method, real=real, **factory))
+            self.spectral.append(SpectralConv(width, width, modes, method=method, **factory))
             self.pointwise.append(PointwiseLinear(width, width, **factory))
         self.project_hidden = PointwiseLinear(width, projection_width, **factory)
         self.project_out = PointwiseLinear(projection_width, out_channels, **factory)

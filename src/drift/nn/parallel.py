@@ -49,12 +49,21 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
     stores them (each rank keeps its share) and replicated over the data dims. Every other parameter
     stays a plain tensor replicated on every rank. drift reduces the gradients itself (no DDP or FSDP
     wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over ranks of each
-    rank's loss (for DTensor outputs, the DTensor loss).
+    rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
+    synchronised nor reduced, so they are refused (ValueError naming them).
     """
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
     if d is None:
         raise ValueError("parallelize found no drift.nn.SpectralConv in the model")
+    placements = tuple(Shard(p.dim % (2 + d)) if isinstance(p, Shard) else p for p in placements)
     data_axes, _ = _roles(mesh, placements, d)
+    handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | PointwiseLinear) for p in m.parameters()}
+    other = [name for name, p in model.named_parameters() if id(p) not in handled]
+    if other:
+        raise ValueError(
+            f"parallelize handles drift's layers only; these parameters would be neither synchronised nor "
+            f"reduced: {', '.join(other)}"
+        )
     with torch.no_grad():
         for module in model.modules():
             if not isinstance(module, SpectralConv | PointwiseLinear):
@@ -93,4 +102,3 @@ def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple
     kind = "r2c" if layer.real else "c2c"
     plan = DistributedFFT(nominal, mesh, spatial, kind=kind, modes=layer.modes_at(nominal), device="meta")
     return layer._weight_placements(plan)
-

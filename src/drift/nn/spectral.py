@@ -95,7 +95,8 @@ class SpectralConv(ComplexModule):
             (see ``drift.truncated.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (the module docstring); they compute the same function.
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
-        dtype, device: the weight's real precision (float32 or float64) and device.
+        dtype, device: the weight's real precision (float32 or float64; default torch's default dtype)
+            and device.
 
     ``weight``: ``(in, out, K1, ..., Kd)`` complex, initialised as Li et al. from torch's default
     generator. Input and output are plain tensors on one device, or DTensors once the layer (or its
@@ -111,10 +112,11 @@ class SpectralConv(ComplexModule):
         *,
         method: str = "drift",
         real: bool = True,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        dtype = dtype or torch.get_default_dtype()
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if in_channels < 1 or out_channels < 1:
@@ -173,6 +175,7 @@ class SpectralConv(ComplexModule):
         self.plans[key] = plan
         return plan
 
+    @torch.inference_mode(False)  # a plan first built in an inference pass must serve training later
     def _build_plan(self, layout: Layout) -> nn.Module:
         try:
             modes = self.modes_at(layout.global_shape)
@@ -247,11 +250,17 @@ class SpectralConv(ComplexModule):
         the weight's precision."""
         if x.shape[2:] != layout.local_shape:
             raise PlanError(f"expected a block ending in {layout.local_shape}, got shape {tuple(x.shape)}")
+        self._precision()
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
                 return self._convolve(
                     x.to(self._precision() if self.real else complex_dtype(self._precision())), layout
                 )
+        if real_dtype(x.dtype) in (torch.float16, torch.bfloat16):
+            raise PlanError(
+                f"{type(self).__name__}: a {x.dtype} input outside torch.autocast (the weight is {self.weight.dtype}): "
+                "half-precision parameters are not supported; keep them in float32 and use torch.autocast"
+            )
         return self._convolve(x, layout)
 
     def _local_weight(self) -> torch.Tensor:
@@ -266,7 +275,6 @@ class SpectralConv(ComplexModule):
         return local
 
     def _convolve(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
-        self._precision()
         plan = self.plan(layout)
         w = self._local_weight()
         if self.method == "drift":

@@ -1,0 +1,169 @@
+"""drift train under faults (issue 14, first part): a fresh run into an older run's folder keeps its own
+checkpoints, non-finite data and losses stop the run with one line before a bad checkpoint exists (or
+skip the batch), integer and float16 data are refused, and a second run on a busy folder is refused.
+Every case checks the exit code or exception, the message, how soon it ends and the checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from test_train import TINY, _config, _fails_with_one_line, _train, tiny_data
+
+from drift.checkpoint import LOCK, latest_checkpoint
+from drift.cli import main
+from drift.launch import RankError
+from drift.train import evaluate
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return tiny_data(tmp_path_factory.mktemp("faults") / "cfd.hdf5")
+
+
+def _run(data: str, out: Path, *args: str) -> list[str]:
+    """``drift train`` argv on ``data`` into ``out`` with the tiny model (lr 0.01, as ``_config``'s)."""
+    return ["train", "--data", data, "--out", str(out), "--lr", "0.01", *TINY, *args]
+
+
+def _checkpoints(out: Path) -> tuple[list[str], str]:
+    """The complete checkpoint folders of a run and the one ``latest`` names."""
+    root = out / "checkpoints"
+    names = sorted(p.name for p in root.glob("epoch-*") if (p / "meta.json").is_file())
+    return names, latest_checkpoint(root).name
+
+
+def _rows(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+def _refused_soon(capsys, argv: list[str], names: str, seconds: float = 20.0) -> None:
+    """``drift`` fails with one line naming ``names`` within ``seconds``."""
+    began = time.monotonic()
+    _fails_with_one_line(capsys, argv, names)
+    assert time.monotonic() - began < seconds
+
+
+def test_a_fresh_run_into_an_older_longer_run_keeps_its_checkpoints(capsys, data, tmp_path):
+    out = tmp_path / "run"
+    assert main(_run(data, out, "--epochs", "4")) == 0
+    longer = _rows(out)
+    # A fresh run of 2 epochs: its first checkpoint clears the older run's epochs 3 and 4.
+    assert main(_run(data, out, "--epochs", "2")) == 0
+    assert _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")
+    assert _rows(out) == longer[:2]
+    assert main(["evaluate", str(out)]) == 0
+    assert f"test relative L2 {longer[1]['test_rel_l2']:.4f}" in capsys.readouterr().out
+    assert main(_run(data, out, "--epochs", "3", "--resume")) == 0  # exact: the longer run's epoch 3
+    assert _rows(out) == longer[:3] and _checkpoints(out) == (["epoch-0002", "epoch-0003"], "epoch-0003")
+    # A fresh run with another model would replace them: refused, naming the option.
+    _refused_soon(capsys, _run(data, out, "--layers", "3"), "--layers is 3, the run was trained with 2")
+    assert _checkpoints(out) == (["epoch-0002", "epoch-0003"], "epoch-0003") and _rows(out) == longer[:3]
+
+
+def _spoiled(data: str, path: Path, trajectory: int, field: str, frame: int, value: float = math.nan) -> str:
+    """A copy of ``data`` with ``value`` at one point of a trajectory's field: x = 5, in the second of two
+    x slabs, so that one rank of two reads it."""
+    shutil.copy(data, path)
+    with h5py.File(path, "r+") as f:
+        f[field][trajectory, frame, 5, 1, 2] = value
+    return str(path)
+
+
+def test_nonfinite_data_is_refused_naming_trajectories_and_fields(capsys, data, tmp_path):
+    out = tmp_path / "run"
+    assert main(_run(data, out, "--epochs", "1")) == 0
+    bad = _spoiled(data, tmp_path / "nan.hdf5", 1, "density", 0)
+    with h5py.File(bad, "r+") as f:
+        f["Vx"][3, 2, 0, 0, 0] = np.inf  # trajectory 3 is the test split
+    names = "non-finite values (NaN or inf) in training trajectory 1 ('density'), test trajectory 3 ('Vx')"
+    _refused_soon(capsys, _run(bad, out, "--epochs", "1", "--nproc", "2"), names)
+    assert _checkpoints(out) == (["epoch-0001"], "epoch-0001")
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float16"])
+def test_integer_and_float16_data_are_refused(capsys, data, tmp_path, dtype):
+    path = tmp_path / f"{dtype}.hdf5"
+    shutil.copy(data, path)
+    with h5py.File(path, "r+") as f:
+        pressure = f["pressure"][...]
+        del f["pressure"]
+        f.create_dataset("pressure", data=pressure.astype(dtype))
+    _refused_soon(capsys, _run(str(path), tmp_path / "run"), f"dataset 'pressure' is {dtype}; drift reads float32")
+    assert not (tmp_path / "run").exists()
+
+
+def _bad_step(epoch: int, trajectory: int) -> tuple[int, list[int]]:
+    """The step of ``epoch`` (1-based) whose batch holds ``trajectory`` and that batch, as ``train`` shuffles
+    ``_config``'s 3 training trajectories (seed 0) in batches of 2."""
+    order = torch.randperm(3, generator=torch.Generator().manual_seed(epoch - 1)).tolist()
+    step = order.index(trajectory) // 2
+    return step + 1, order[2 * step : 2 * step + 2]
+
+
+def test_a_nonfinite_loss_stops_before_a_checkpoint_or_skips_the_batch(ranks, capsys, data, tmp_path):
+    out = tmp_path / "run"
+    ranks.run(2, _train, _config(data, out, epochs=1))
+    # The run goes on on data that changed under it: a resumed run takes the checkpoint's statistics, so
+    # only the guard sees the NaN (in a target frame, in rank 1's slab alone).
+    bad = _spoiled(data, tmp_path / "nan.hdf5", 1, "pressure", 4)
+    step, batch = _bad_step(2, 1)
+    began = time.monotonic()
+    with pytest.raises(RankError) as stopped:
+        ranks.run(2, _train, _config(bad, out, epochs=2, resume=True))
+    assert time.monotonic() - began < 30
+    message = str(stopped.value)
+    assert message.startswith("ranks 0, 1 failed: NonFiniteError: non-finite loss"), message
+    assert f"at epoch 2, step {step}, training trajectories {batch}" in message and "epoch-0001" in message
+    assert _checkpoints(out) == (["epoch-0001"], "epoch-0001") and len(_rows(out)) == 1
+    assert not list((out / "checkpoints").glob("epoch-0002*"))
+    # The same through the command, on one rank: exit code 2 and one line.
+    _refused_soon(capsys, _run(bad, out, "--epochs", "2", "--resume"), f"at epoch 2, step {step}")
+    assert _checkpoints(out) == (["epoch-0001"], "epoch-0001")
+    # --on-nan skip-batch: the bad batch is skipped and counted, the weights stay finite.
+    history = ranks.run(2, _train, _config(bad, out, epochs=2, resume=True, on_nan="skip-batch"))[0]
+    assert [r["skipped_batches"] for r in history] == [0, 1] and _rows(out)[1]["skipped_batches"] == 1
+    assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["test_rel_l2"]) for r in history)
+    assert _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")
+    assert math.isfinite(evaluate(out)["test_rel_l2"])
+
+
+def test_a_second_run_on_a_busy_folder_is_refused_and_a_killed_runs_lock_taken_over(ranks, capsys, data, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "drift", *_run(data, out, "--epochs", "10000")]
+    first = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints" / "latest").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.2)
+        owner = f"pid {first.pid} on host {socket.gethostname()}"
+        for nproc in ("1", "2"):
+            _refused_soon(capsys, _run(data, out, "--nproc", nproc), f"in use by another drift train ({owner}")
+        began = time.monotonic()
+        with pytest.raises(RankError, match=f"ranks 0, 1 failed: FolderInUse: .*{owner}"):
+            ranks.run(2, _train, _config(data, out))  # without the command's check: rank 0 finds the lock
+        assert time.monotonic() - began < 20
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    latest = _checkpoints(out)[1]
+    assert (out / LOCK).exists()  # a killed run's lock file stays behind; the next run takes it over
+    following = f"epoch-{int(latest.removeprefix('epoch-')) + 1:04d}"
+    began = time.monotonic()
+    assert main(_run(data, out, "--epochs", following.removeprefix("epoch-"), "--resume")) == 0
+    assert time.monotonic() - began < 30
+    assert not (out / LOCK).exists() and _checkpoints(out) == ([latest, following], following)
