@@ -1,10 +1,13 @@
 """drift train under faults (issue 14, first part): a fresh run into an older run's folder keeps its own
 checkpoints, non-finite data and losses stop the run with one line before a bad checkpoint exists (or
-skip the batch), integer and float16 data are refused, and a second run on a busy folder is refused.
-Every case checks the exit code or exception, the message, how soon it ends and the checkpoints."""
+skip the batch), integer and float16 data are refused, a second run on a busy folder is refused, a
+damaged latest checkpoint falls back to the newest one that loads, and a failed checkpoint write (a full
+disk, a permission) stops the run and keeps the earlier checkpoints. Every case checks the exit code or
+exception, the message, how soon it ends and the checkpoints."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -14,18 +17,22 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import h5py
 import numpy as np
 import pytest
 import torch
 from test_train import TINY, _config, _fails_with_one_line, _train, tiny_data
+from torch.distributed.checkpoint import filesystem
 
+from drift import comm
 from drift.checkpoint import LOCK, latest_checkpoint
 from drift.cli import main
 from drift.launch import RankError
-from drift.train import evaluate
+from drift.train import TrainConfig, evaluate, train
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +174,104 @@ def test_a_second_run_on_a_busy_folder_is_refused_and_a_killed_runs_lock_taken_o
     assert main(_run(data, out, "--epochs", following.removeprefix("epoch-"), "--resume")) == 0
     assert time.monotonic() - began < 30
     assert not (out / LOCK).exists() and _checkpoints(out) == ([latest, following], following)
+
+
+def _truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+# Ways to damage a 2-rank run's latest checkpoint (epoch-0002 under the folder given), each with what the
+# report of it says.
+DAMAGES: list[tuple[Callable[[Path], object], str]] = [
+    (lambda root: _truncate(root / "epoch-0002" / ".metadata"), "epoch-0002/.metadata: unreadable"),
+    (lambda root: _truncate(root / "epoch-0002" / "__1_0.distcp"), "epoch-0002/__1_0.distcp: truncated"),
+    (lambda root: (root / "epoch-0002" / "meta.json").write_text("{garbage"), "epoch-0002/meta.json: unreadable"),
+    (lambda root: shutil.rmtree(root / "epoch-0002"), "latest names 'epoch-0002', which is not a complete"),
+    (lambda root: (root / "epoch-0002" / "meta.json").unlink(), "latest names 'epoch-0002', which is not a complete"),
+]
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_that_loads(ranks, capfd, data, tmp_path):
+    pristine, out = tmp_path / "pristine", tmp_path / "run"
+    ranks.run(2, _train, _config(data, pristine, epochs=2))
+    rows, root, report = _rows(pristine), out / "checkpoints", tmp_path / "eval.json"
+    for damage, names in DAMAGES:
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(pristine, out)
+        damage(root)
+        kept = sorted(root.iterdir())
+        began = time.monotonic()
+        assert main(["evaluate", str(out), "--json", str(report)]) == 0
+        assert time.monotonic() - began < 20
+        err = capfd.readouterr().err
+        assert names in err and f"drift: falling back to {root / 'epoch-0001'}, the newest" in err, err
+        assert len(err.splitlines()) == 2 and "Traceback" not in err, err
+        result = json.loads(report.read_text())
+        assert result["epoch"] == 1 and math.isclose(result["test_rel_l2"], rows[0]["test_rel_l2"], rel_tol=1e-5)
+        assert sorted(root.iterdir()) == kept  # evaluating deletes nothing
+    # A data file whose size is right but whose bytes are not: only rank 1 reads it, both ranks fall back.
+    shutil.rmtree(out)
+    shutil.copytree(pristine, out)
+    shard = root / "epoch-0002" / "__1_0.distcp"
+    shard.write_bytes(bytes(shard.stat().st_size))
+    began = time.monotonic()
+    assert main(_run(data, out, "--epochs", "2", "--resume", "--nproc", "2")) == 0
+    assert time.monotonic() - began < 30
+    err = capfd.readouterr().err
+    assert f"drift: checkpoint passed over: {root / 'epoch-0002'}: cannot load (" in err, err
+    assert f"drift: falling back to {root / 'epoch-0001'}" in err and "Traceback" not in err, err
+    again = _rows(out)
+    assert [r["epoch"] for r in again] == [1, 2] and again[0] == rows[0]
+    assert math.isclose(again[1]["test_rel_l2"], rows[1]["test_rel_l2"], rel_tol=1e-5)
+    assert _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")
+    # No checkpoint loads: one line, before any rank starts.
+    for name in ("epoch-0001", "epoch-0002"):
+        _truncate(root / name / ".metadata")
+    _refused_soon(capfd, ["evaluate", str(out)], "no complete checkpoint loads")
+    _refused_soon(capfd, _run(data, out, "--epochs", "3", "--resume", "--nproc", "2"), "no complete checkpoint loads")
+    assert sorted(p.name for p in root.iterdir()) == ["epoch-0001", "epoch-0002", "latest"]
+
+
+def _train_on_a_full_disk(config: TrainConfig, rank: int, epoch: int) -> list[dict]:
+    """``train`` with rank ``rank``'s writes into checkpoint ``epoch`` failing as on a full disk (ENOSPC)."""
+    write = filesystem._write_item
+
+    def full(transforms, stream, *args):
+        if comm.rank() == rank and f"epoch-{epoch:04d}.partial" in str(stream.name):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(transforms, stream, *args)
+
+    with mock.patch.object(filesystem, "_write_item", full):
+        return train(config)
+
+
+def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_earlier_ones(ranks, capsys, data, tmp_path):
+    out = tmp_path / "run"
+    # A full disk on rank 1 while DCP writes epoch 2: every rank stops, naming the folder and the errno.
+    began = time.monotonic()
+    with pytest.raises(RankError) as stopped:
+        ranks.run(2, _train_on_a_full_disk, _config(data, out, epochs=2), 1, 2)
+    assert time.monotonic() - began < 30
+    partial = out / "checkpoints" / "epoch-0002.partial"
+    message = str(stopped.value)
+    assert message.startswith(f"ranks 0, 1 failed: CheckpointWriteError: cannot write checkpoint {partial}: "), message
+    assert "ENOSPC: [Errno 28] No space left on device" in message
+    assert _checkpoints(out) == (["epoch-0001"], "epoch-0001") and len(_rows(out)) == 1
+    assert not list((out / "checkpoints").glob("epoch-0002*"))
+    # On one rank, through the command: rank 0 may not rename the written folder (a permission).
+    replace = os.replace
+
+    def denied(src, dst):
+        if Path(src) == partial:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(src))
+        replace(src, dst)
+
+    with mock.patch.object(os, "replace", denied):
+        _refused_soon(
+            capsys, _run(data, out, "--epochs", "2", "--resume"), f"EACCES: [Errno 13] Permission denied: '{partial}'"
+        )
+    assert _checkpoints(out) == (["epoch-0001"], "epoch-0001") and len(_rows(out)) == 1
+    assert not list((out / "checkpoints").glob("epoch-0002*"))
+    # Space freed: --resume goes on from the last checkpoint.
+    assert main(_run(data, out, "--epochs", "2", "--resume")) == 0
+    assert _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002") and len(_rows(out)) == 2

@@ -16,6 +16,16 @@ Pruning then never touches that checkpoint: it deletes the checkpoints of higher
 longer run's: a run writes its epochs in increasing order, so a fresh run clears them at its first
 checkpoint), all but the ``keep - 1`` newest of lower epochs, and leftover ``.partial`` folders.
 
+A write that fails on any rank (a full disk, a permission, an I/O error) is agreed on by every rank
+(``CheckpointWriteError``, naming the folder and the errno): the ``.partial`` folder is deleted and
+``latest`` and the earlier checkpoints are left as they were.
+
+Loading falls back (``load_newest``): a checkpoint whose files are damaged (``meta.json`` that does not
+parse, DCP's ``.metadata`` that does not unpickle, a data file missing or shorter than ``.metadata``
+says), or that DCP fails to load on any rank (the ranks agree), is reported in one line naming the file
+and the ranks move together to the next older complete one; ``latest`` naming no complete checkpoint
+falls back the same way.
+
 Checkpoints live on the default process group (every rank of the job).
 
 One run folder, one writer: ``folder_lock`` holds ``<run folder>/train.lock`` (an advisory ``flock``,
@@ -26,18 +36,22 @@ dies, so a lock left by a killed run is taken over by the next one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import shutil
 import socket
+import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -53,6 +67,11 @@ LOCK = "train.lock"
 
 class CheckpointError(ValueError):
     """A missing or incompatible checkpoint; the message names the folder."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed on some rank (a full disk, a permission, an I/O error); the message
+    names the folder and the errno."""
 
 
 class FolderInUse(RuntimeError):
@@ -72,26 +91,96 @@ def save_checkpoint(
     root: str | Path, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict, *, keep: int = 2
 ) -> Path:
     """Write ``epoch-NNNN`` under ``root`` (call on every rank), point ``root/latest`` at it and delete
-    all but the ``keep`` newest checkpoints. ``meta`` (JSON-serialisable) goes to ``meta.json``."""
+    all but the ``keep`` newest checkpoints. ``meta`` (JSON-serialisable) goes to ``meta.json``.
+    CheckpointWriteError on every rank when a write fails on any rank; ``latest`` and the earlier
+    checkpoints are then untouched and the ``.partial`` folder is deleted."""
     root = Path(root)
     name = f"epoch-{epoch:04d}"
     partial, final = root / f"{name}.partial", root / name
+    failure = _agreed(_attempt(_prepare, partial) if comm.rank() == 0 else None)
+    if failure is None:
+        state = _state(model, optimizer)
+        failure = _agreed(_attempt(_dcp_save, state, partial))
+    if failure is None:
+        failure = _agreed(_attempt(_publish, root, name, meta) if comm.rank() == 0 else None)
+    if failure is not None:
+        if comm.rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise CheckpointWriteError(
+            f"cannot write checkpoint {partial}: {failure}; {root / LATEST} and the earlier checkpoints are "
+            "unchanged: free space or fix the folder, then resume"
+        )
     if comm.rank() == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-    comm.barrier()
-    state = _state(model, optimizer)
-    with _single_process_quiet():
-        dcp.save(state, checkpoint_id=partial, no_dist=comm.world_size() == 1)
-    comm.barrier()
-    if comm.rank() == 0:
-        _write_atomic(partial / "meta.json", json.dumps(meta, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-        _write_atomic(root / LATEST, name + "\n")
         _prune(root, epoch, keep)
     comm.barrier()
     return final
+
+
+def _prepare(partial: Path) -> None:
+    """Rank 0: an empty ``partial`` folder."""
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+
+
+def _dcp_save(state: dict, partial: Path) -> None:
+    with _single_process_quiet():
+        dcp.save(state, checkpoint_id=partial, no_dist=comm.world_size() == 1)
+
+
+def _publish(root: Path, name: str, meta: dict) -> None:
+    """Rank 0, once every rank has written its files: add ``meta.json``, rename the folder, point ``latest`` at it."""
+    partial = root / f"{name}.partial"
+    _write_atomic(partial / "meta.json", json.dumps(meta, indent=2))
+    shutil.rmtree(root / name, ignore_errors=True)
+    os.replace(partial, root / name)
+    _write_atomic(root / LATEST, name + "\n")
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``, the errors a ``CheckpointException`` gathered from the ranks, and their causes, breadth first."""
+    found: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if any(e is f for f in found):
+            continue
+        found.append(e)
+        if isinstance(e, CheckpointException):
+            todo += [failure for failure, _ in e.failures.values()]
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+    return found
+
+
+def _why(exc: BaseException) -> str:
+    """A failure in one line: the OSError behind it with its errno's name (``ENOSPC: [Errno 28] ...``) when
+    there is one, else the first error a rank raised, its type and first line."""
+    causes = _causes(exc)
+    os_error = next((e for e in causes if isinstance(e, OSError) and e.errno), None)
+    if os_error is not None:
+        return f"{errno.errorcode.get(os_error.errno, 'errno')}: {os_error}"
+    first = causes[1] if isinstance(exc, CheckpointException) and len(causes) > 1 else exc
+    lines = str(first).strip().splitlines()
+    return f"{type(first).__name__}: {lines[0] if lines else ''}"
+
+
+def _attempt(fn: Callable[..., None], *args) -> str | None:
+    """Call ``fn(*args)``: None, or what it raised in one line (DCP's ``CheckpointException`` included)."""
+    try:
+        fn(*args)
+    except (Exception, CheckpointException) as exc:
+        return _why(exc)
+    return None
+
+
+def _agreed(failure: str | None) -> str | None:
+    """The failure of the lowest rank that had one, the same on every rank (None when no rank did)."""
+    return next((f for f in comm.all_gather_object(failure) if f is not None), None)
+
+
+def _note(message: str) -> None:
+    """One line on rank 0's standard error."""
+    if comm.rank() == 0:
+        print(f"drift: {message}", file=sys.stderr, flush=True)
 
 
 def _epoch(path: Path) -> int | None:
@@ -125,11 +214,15 @@ def _single_process_quiet() -> Iterator[None]:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def latest_checkpoint(root: str | Path) -> Path:
@@ -150,25 +243,145 @@ def read_meta(path: str | Path) -> dict:
     """The ``meta`` a checkpoint was saved with (CheckpointError naming the file if it does not parse)."""
     file = Path(path) / "meta.json"
     try:
-        return json.loads(file.read_text())
+        meta = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{file}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{file}: unreadable (not a JSON object)")
+    return meta
+
+
+def _damage(path: Path) -> str | None:
+    """What makes the checkpoint folder ``path`` unreadable, in one line naming the file: ``meta.json`` that
+    does not parse, DCP's ``.metadata`` that does not unpickle, a data file missing or shorter than
+    ``.metadata`` says; None when its files look whole."""
+    try:
+        read_meta(path)
+        metadata = FileSystemReader(path).read_metadata()
+        ends: dict[str, int] = {}
+        for info in metadata.storage_data.values():
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    except CheckpointError as exc:
+        return str(exc)
+    except Exception as exc:
+        return f"{path / '.metadata'}: unreadable ({_why(exc)})"
+    for name, end in sorted(ends.items()):
+        try:
+            size = (path / name).stat().st_size
+        except OSError as exc:
+            return f"{path / name}: unreadable ({_why(exc)})"
+        if size < end:
+            return f"{path / name}: truncated ({size} bytes, .metadata says {end})"
+    return None
+
+
+def _candidates(root: Path) -> tuple[list[Path], list[str]]:
+    """The checkpoints to load under ``root``, newest first, and what is wrong with ``latest``: the one
+    ``latest`` names, then the complete ones of lower epochs (higher ones are an older run's); when it
+    names no complete checkpoint or is missing, the complete ones below the epoch it names (all of them
+    if none). ``root`` may also be a checkpoint folder itself (nothing to fall back to)."""
+    if (root / "meta.json").is_file():
+        return [root], []
+    pointer = root / LATEST
+    complete = complete_checkpoints(root)[::-1]
+    if not pointer.is_file():
+        if not complete:
+            raise CheckpointError(f"{root}: no checkpoint here (no {LATEST!r} file)")
+        return complete, [f"{pointer}: missing"]
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, ValueError) as exc:
+        return complete, [f"{pointer}: unreadable ({type(exc).__name__}: {exc})"]
+    named = root / name
+    epoch = _epoch(named) if name and "/" not in name else None
+    if epoch is not None and (named / "meta.json").is_file():
+        return [named, *(p for p in complete if _epoch(p) < epoch)], []
+    older = [p for p in complete if epoch is None or _epoch(p) < epoch]
+    return older, [f"{pointer} names {name!r}, which is not a complete checkpoint"]
+
+
+def usable_checkpoint(root: str | Path) -> Path:
+    """The checkpoint ``load_newest`` will try first that is not visibly damaged (its files read; no DCP
+    load): ``latest``'s, or else the newest older complete one. CheckpointError naming every problem
+    found when there is none. Says nothing; for checks before the ranks start."""
+    root = Path(root)
+    paths, problems = _candidates(root)
+    for path in paths:
+        if (problem := _damage(path)) is None:
+            return path
+        problems.append(problem)
+    raise CheckpointError(_none_loads(root, problems))
+
+
+def _none_loads(root: Path, problems: list[str]) -> str:
+    return f"{root}: no complete checkpoint loads ({'; '.join(problems) or 'none here'})"
+
+
+def _dcp_load(state: dict, path: Path) -> None:
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=path, no_dist=comm.world_size() == 1)
+
+
+def _apply(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optim"])
 
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
     """Load a checkpoint folder into ``model`` (and ``optimizer``'s state) on every rank, whatever the
-    mesh, the number of ranks or the method it was written with; returns its ``meta``."""
+    mesh, the number of ranks or the method it was written with; returns its ``meta``. CheckpointError on
+    every rank, in one line, when it fails on any rank."""
     path = Path(path)
     state = _state(model, optimizer)
-    try:
-        with _single_process_quiet():
-            dcp.load(state, checkpoint_id=path, no_dist=comm.world_size() == 1)
-    except Exception as exc:
-        raise CheckpointError(f"{path}: cannot load into this model ({type(exc).__name__}: {exc})") from None
-    set_model_state_dict(model, state["model"])
-    if optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, state["optim"])
+    failure = _agreed(_attempt(_dcp_load, state, path))
+    if failure is not None:
+        raise CheckpointError(f"{path}: cannot load into this model ({failure})")
+    _apply(state, model, optimizer)
     return read_meta(path)
+
+
+def load_newest(
+    root: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    check: Callable[[Path, dict], None] | None = None,
+) -> tuple[Path, dict]:
+    """Load the newest checkpoint under ``root`` that loads (``latest``'s, else an older complete one)
+    into ``model`` (and ``optimizer``) on every rank; returns its folder and ``meta``. Each one passed
+    over (damaged files, or a DCP load that failed on any rank: the ranks agree) is reported by rank 0 in
+    one line naming the file, and the fallback in one more. ``check(path, meta)`` may refuse a checkpoint
+    before it loads (its error propagates). CheckpointError on every rank when none loads."""
+    root = Path(root)
+    try:
+        found: tuple[list[Path], list[str]] | str | None = _candidates(root) if comm.rank() == 0 else None
+    except CheckpointError as exc:
+        found = str(exc)
+    found = comm.broadcast_object(found)  # every rank tries the same folders
+    if isinstance(found, str):
+        raise CheckpointError(found)
+    paths, problems = found
+    for problem in problems:
+        _note(f"checkpoint passed over: {problem}")
+    for path in paths:
+        problem = _agreed(_damage(path))
+        if problem is None:
+            meta = read_meta(path)
+            if check is not None:
+                check(path, meta)
+            state = _state(model, optimizer)
+            problem = _agreed(_attempt(_dcp_load, state, path))
+            if problem is not None:
+                problem = f"{path}: cannot load ({problem})"
+        if problem is None:
+            _apply(state, model, optimizer)
+            if problems:
+                _note(f"falling back to {path}, the newest complete checkpoint that loads")
+            return path, meta
+        _note(f"checkpoint passed over: {problem}")
+        problems.append(problem)
+    raise CheckpointError(_none_loads(root, problems))
 
 
 def _try_lock(path: Path, create: bool) -> int | None:

@@ -59,7 +59,7 @@ def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str) -> An
 
 
 def _train(args: argparse.Namespace) -> int:
-    from drift.checkpoint import CheckpointError, FolderInUse, check_unlocked
+    from drift.checkpoint import CheckpointError, CheckpointWriteError, FolderInUse, check_unlocked
     from drift.data import DataError
     from drift.launch import RankError, launched
     from drift.train import (
@@ -90,7 +90,15 @@ def _train(args: argparse.Namespace) -> int:
             check_fresh_run(config)
             check_unlocked(config.out)  # rank 0 takes the lock; this refuses before any rank starts
             history = _on_ranks(config.nproc, train_rank, config, config.device)
-    except (ConfigError, DataError, CheckpointError, FolderInUse, NonFiniteError, RankError) as exc:
+    except (
+        ConfigError,
+        DataError,
+        CheckpointError,
+        CheckpointWriteError,
+        FolderInUse,
+        NonFiniteError,
+        RankError,
+    ) as exc:
         return _fail("train", str(exc))
     last = history[-1] if history else None
     if last is not None:
@@ -123,7 +131,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     try:
-        find_checkpoint(args.checkpoint)  # a missing checkpoint fails here, before any rank starts
+        find_checkpoint(args.checkpoint)  # no whole checkpoint: fails here, before any rank starts
         if launched():
             result = _evaluate_rank(kwargs)
         else:

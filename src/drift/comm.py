@@ -282,6 +282,18 @@ def broadcast_object(obj: object, *, src: int = 0) -> object:
     return objects[0]
 
 
+def all_gather_object(obj: object) -> list:
+    """Every rank's picklable ``obj`` in rank order, on every rank of the default group (``[obj]`` on one rank)."""
+    size = world_size()
+    if size == 1:
+        return [obj]
+    objects: list = [None] * size
+    n = len(pickle.dumps(obj))
+    with _recorded("all_gather_object", n, (size - 1) * n, size):
+        dist.all_gather_object(objects, obj)
+    return objects
+
+
 def barrier(group=None) -> None:
     """Wait until every rank of ``group`` arrives (nothing to do on one rank)."""
     if world_size(group) > 1:

@@ -48,10 +48,10 @@ from drift.checkpoint import (
     FolderInUse,
     complete_checkpoints,
     folder_lock,
-    latest_checkpoint,
-    load_checkpoint,
+    load_newest,
     read_meta,
     save_checkpoint,
+    usable_checkpoint,
 )
 from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
 from drift.launch import GROUP_TIMEOUT_S, launched, process_group
@@ -314,10 +314,16 @@ def _datasets(
     return train_set, test_set
 
 
-def _check_options(config: TrainConfig, path: Path, meta: dict, advice: str = "") -> None:
-    """CheckpointError naming the first option the checkpoint at ``path`` was trained with otherwise."""
+def _check_options(
+    config: TrainConfig,
+    path: Path,
+    meta: dict,
+    advice: str = "",
+    names: Sequence[str] = (*MODEL_OPTIONS, "method", "lr", "batch_size"),
+) -> None:
+    """CheckpointError naming the first of ``names`` the checkpoint at ``path`` was trained with otherwise."""
     saved = meta["config"]
-    for name in (*MODEL_OPTIONS, "method", "lr", "batch_size"):
+    for name in names:
         if json.loads(json.dumps(getattr(config, name))) != saved[name]:
             option = f"--{name.replace('_', '-')}"
             raise CheckpointError(
@@ -326,9 +332,10 @@ def _check_options(config: TrainConfig, path: Path, meta: dict, advice: str = ""
 
 
 def resume_point(config: TrainConfig) -> tuple[Path, dict]:
-    """The checkpoint ``--resume`` continues from and its meta; CheckpointError if the run's options
-    differ."""
-    path = latest_checkpoint(Path(config.out) / "checkpoints")
+    """The checkpoint ``--resume`` continues from (unless DCP then fails to load it: see ``load_newest``)
+    and its meta: ``latest``'s, or the newest older complete one when that one is damaged. CheckpointError
+    if none is whole or the run's options differ."""
+    path = usable_checkpoint(Path(config.out) / "checkpoints")
     meta = read_meta(path)
     _check_options(config, path, meta)
     return path, meta
@@ -384,15 +391,18 @@ def _train(config: TrainConfig) -> list[dict]:
     device = resolve_device(config.device)
     rank, out = comm.rank(), Path(config.out)
     data = Path(config.data) if config.data is not None else default_data_path()
-    resume_from, saved = resume_point(config) if config.resume else (None, None)
     sharding = Sharding.build(config, comm.world_size(), device.type)
-    train_set, test_set = _datasets(config, data, _stats(saved) if saved else None, sharding)
     model = build_model(config, device, sharding)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    start, history = 0, []
-    if resume_from is not None:
-        load_checkpoint(resume_from, model, optimizer)
+    start, history, saved = 0, [], None
+    if config.resume:  # the newest checkpoint that loads on every rank, and its statistics
+
+        def check(path: Path, meta: dict) -> None:
+            _check_options(config, path, meta)
+
+        _, saved = load_newest(out / "checkpoints", model, optimizer, check=check)
         start, history = saved["epoch"], saved["history"]
+    train_set, test_set = _datasets(config, data, _stats(saved) if saved else None, sharding)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         train_set.stats.save(out / "stats.json")
@@ -480,10 +490,17 @@ def train_rank(config: TrainConfig) -> list[dict]:
         return train(config)
 
 
-def find_checkpoint(where: str | Path) -> Path:
-    """The checkpoint a run folder (its latest), its ``checkpoints`` folder or a checkpoint folder names."""
+def _checkpoint_root(where: str | Path) -> Path:
+    """The folder of checkpoints (or the checkpoint folder) a run folder, its ``checkpoints`` folder or a
+    checkpoint folder names."""
     root = Path(where)
-    return latest_checkpoint(root / "checkpoints" if (root / "checkpoints").is_dir() else root)
+    return root / "checkpoints" if (root / "checkpoints").is_dir() else root
+
+
+def find_checkpoint(where: str | Path) -> Path:
+    """The checkpoint a run folder (its latest, or the newest older complete one when that one is
+    damaged), its ``checkpoints`` folder or a checkpoint folder names; CheckpointError if none is whole."""
+    return usable_checkpoint(_checkpoint_root(where))
 
 
 def evaluate(
@@ -504,10 +521,10 @@ def evaluate(
     points per spatial dim (every (N / resolution)-th point of a file with N points per dim): the
     same weights at any resolution, zero-shot super-resolution above the training one. ``method``
     defaults to the run's (any method loads any other's checkpoint: the weights are the same global
-    ones); ``grid`` and ``data_parallel`` lay out the ranks as for training.
+    ones); ``grid`` and ``data_parallel`` lay out the ranks as for training. A damaged latest checkpoint
+    is passed over for the newest older one that loads (``load_newest``).
     """
-    path = find_checkpoint(checkpoint)
-    meta = read_meta(path)
+    meta = read_meta(find_checkpoint(checkpoint))
     config = config_from(meta["config"], grid=grid, data_parallel=data_parallel)
     config.method = method or config.method
     config.data = data or config.data
@@ -517,9 +534,13 @@ def evaluate(
     option = f"--resolution {resolution}" if resolution else f"--data {config.data}"
     check_resolution(config, [n // stride for n in extents], comm.world_size(), option)
     sharding = Sharding.build(config, comm.world_size(), where.type)
-    _, test_set = _datasets(config, Path(config.data), _stats(meta), sharding, stride)
     model = build_model(config, where, sharding)
-    load_checkpoint(path, model)
+
+    def check(path: Path, meta: dict) -> None:
+        _check_options(config, path, meta, names=MODEL_OPTIONS)
+
+    path, meta = load_newest(_checkpoint_root(checkpoint), model, check=check)
+    _, test_set = _datasets(config, Path(config.data), _stats(meta), sharding, stride)
     l2 = relative_l2(model, test_set, sharding, batch_size, where)
     return dict(
         checkpoint=str(path),
