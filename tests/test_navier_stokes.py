@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import h5py
+import pytest
 import torch
 
 from drift.data import PDEBench3D, generate
@@ -63,6 +64,8 @@ def test_generated_files_read_as_pdebench(tmp_path):
     generate(path, samples=2, resolution=8, frames=4, t_end=0.2, seed=1, progress=False)
     with h5py.File(path) as f:
         assert f["density"].shape == (2, 4, 8, 8, 8) and f["t-coordinate"].shape == (5,)
+        # Frame k was simulated at k * t_end / (frames - 1); PDEBench adds one step after the last.
+        assert f["t-coordinate"][:].tolist() == pytest.approx([0.0, 0.2 / 3, 0.4 / 3, 0.2, 0.8 / 3], rel=1e-6)
         assert f.attrs["M"] == 1.0 and math.isclose(f.attrs["gamma"], 5 / 3)
     train = PDEBench3D(path, t_in=1, t_out=3)
     x, y = train[0]

@@ -50,17 +50,20 @@ def write_pdebench3d(
     path: str | Path, fields: dict[str, np.ndarray], *, t_end: float = 1.0, attrs: dict[str, float] | None = None
 ) -> None:
     """Write ``fields`` (name -> ``[batch, time, x, y, z]`` array) in PDEBench's 3D layout on the unit cube,
-    with cell-centre coordinates and ``time + 1`` equally spaced times up to ``t_end``."""
+    with cell-centre coordinates and, as PDEBench's files, ``time + 1`` times: frame k at
+    ``k * t_end / (time - 1)`` (the first frame at 0, the last at ``t_end``) and one more step after it."""
     shapes = {name: np.shape(a) for name, a in fields.items()}
     if len(set(shapes.values())) != 1 or len(next(iter(shapes.values()))) != 5:
         raise ValueError(f"every field must share one [batch, time, x, y, z] shape, got {shapes}")
     _, frames, *extents = next(iter(shapes.values()))
+    if frames < 2:
+        raise ValueError(f"the fields need at least 2 frames (times 0 and t_end), got {frames}")
     with h5py.File(path, "w") as f:
         for name, array in fields.items():
             f.create_dataset(name, data=np.asarray(array, dtype=np.float32))
         for name, n in zip(COORDINATES, extents, strict=True):
             f.create_dataset(name, data=(np.arange(n, dtype=np.float32) + 0.5) / n)
-        f.create_dataset("t-coordinate", data=np.linspace(0, t_end, frames + 1, dtype=np.float32))
+        f.create_dataset("t-coordinate", data=(np.arange(frames + 1) * (t_end / (frames - 1))).astype(np.float32))
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
 
