@@ -2,7 +2,9 @@
 checkpoints, non-finite data and losses stop the run with one line before a bad checkpoint exists (or
 skip the batch), integer and float16 data are refused, a second run on a busy folder is refused, a
 damaged latest checkpoint falls back to the newest one that loads, and a failed checkpoint write (a full
-disk, a permission) stops the run and keeps the earlier checkpoints. Every case checks the exit code or
+disk, a permission) stops the run and keeps the earlier checkpoints; a failing rank prints its traceback
+once and logs every rank's report, and a killed rank's job restarts by itself (--max-restarts, the
+built-in launcher and torchrun) to the uninterrupted run's metrics. Every case checks the exit code or
 exception, the message, how soon it ends and the checkpoints."""
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ import torch
 from test_train import TINY, _config, _fails_with_one_line, _train, tiny_data
 from torch.distributed.checkpoint import filesystem
 
+import drift.train
 from drift import comm
 from drift.checkpoint import LOCK, latest_checkpoint
-from drift.cli import main
+from drift.cli import FAILURE_LOG, main
 from drift.launch import RankError
-from drift.train import TrainConfig, evaluate, train
+from drift.train import TrainConfig, evaluate, train, train_rank
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +278,77 @@ def test_a_failed_checkpoint_write_stops_the_run_and_keeps_the_earlier_ones(rank
     # Space freed: --resume goes on from the last checkpoint.
     assert main(_run(data, out, "--epochs", "2", "--resume")) == 0
     assert _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002") and len(_rows(out)) == 2
+
+
+def _rank_1_raises(config: TrainConfig) -> list[dict]:
+    """``train_rank`` with rank 1 failing on a bug of its own (rank 0 waits for it in a collective)."""
+    if comm.rank() == 1:
+        raise RuntimeError("rank 1 broke")
+    return train_rank(config)
+
+
+def test_a_failing_rank_prints_its_traceback_once_and_logs_every_rank(capsys, monkeypatch, data, tmp_path):
+    out = tmp_path / "run"
+    monkeypatch.setattr(drift.train, "train_rank", _rank_1_raises)
+    began = time.monotonic()
+    assert main(_run(data, out, "--nproc", "2")) == 2
+    assert time.monotonic() - began < 30
+    err = capsys.readouterr().err
+    log = out / FAILURE_LOG
+    errors = [line for line in err.splitlines() if line.startswith("drift train: error:")]
+    assert len(errors) == 1 and errors[0].endswith(f"(every rank's report: {log})"), err
+    assert "rank 1 failed: RuntimeError: rank 1 broke" in errors[0], err
+    assert err.count("Traceback") == 1 and err.count("RuntimeError: rank 1 broke") == 2, err  # traceback, line
+    assert "in _rank_1_raises" in err and "--- rank 0 ---" not in err
+    text = log.read_text()
+    assert "--- rank 0 ---" in text and "--- rank 1 ---" in text and "in _rank_1_raises" in text, text
+
+
+def _rank_1_dies_once(config: TrainConfig) -> list[dict]:
+    """``train_rank`` with rank 1 dying (``os._exit``) right after the epoch-1 checkpoint, once per test
+    folder (a marker file beside ``--out`` remembers it)."""
+    died, save = Path(config.out).parent / "rank-1-died", drift.train.save_checkpoint
+
+    def save_then_die(root, epoch: int, *args, **kwargs):
+        path = save(root, epoch, *args, **kwargs)
+        if epoch == 1 and comm.rank() == 1 and not died.exists():
+            died.touch()
+            os._exit(1)
+        return path
+
+    with mock.patch.object(drift.train, "save_checkpoint", save_then_die):
+        return train_rank(config)
+
+
+def test_a_killed_rank_restarts_and_the_job_resumes_to_the_uninterrupted_metrics(capsys, monkeypatch, data, tmp_path):
+    whole = tmp_path / "whole"
+    assert main(_run(data, whole, "--epochs", "3", "--nproc", "2")) == 0
+    monkeypatch.setattr(drift.train, "train_rank", _rank_1_dies_once)
+    # No restart allowed: one line.
+    began = time.monotonic()
+    assert main(_run(data, tmp_path / "once" / "run", "--epochs", "3", "--nproc", "2")) == 2
+    assert time.monotonic() - began < 30
+    err = capsys.readouterr().err
+    # One error line naming the death (rank 0's lost connection may be reported with it, in either order).
+    errors = [line for line in err.splitlines() if line.startswith("drift train: error:")]
+    assert len(errors) == 1 and "rank 1 died (exit code 1)" in errors[0], err
+    # One restart allowed: the job resumes from epoch 1 by itself and ends as the uninterrupted run.
+    out = tmp_path / "twice" / "run"
+    assert main(_run(data, out, "--epochs", "3", "--nproc", "2", "--max-restarts", "1")) == 0
+    err = capsys.readouterr().err
+    assert "rank 1 died (exit code 1)" in err and "restart 1 of 1, resuming from the latest checkpoint" in err, err
+    assert (out.parent / "rank-1-died").exists() and _rows(out) == _rows(whole)
+    assert _checkpoints(out) == (["epoch-0002", "epoch-0003"], "epoch-0003")
+    # The same under torchrun --max-restarts 1: its restarted job resumes by itself.
+    out = tmp_path / "torchrun" / "run"
+    script = tmp_path / "dies_once.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nimport drift.train\n"
+        "from test_faults import _rank_1_dies_once\ndrift.train.train_rank = _rank_1_dies_once\n"
+        "from drift.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["--max-restarts", "1", str(script), *_run(data, out, "--epochs", "3")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and done.stdout.count("done: 3 epochs") == 1, f"{done.stderr}\n{done.stdout[-2000:]}"
+    assert (out.parent / "rank-1-died").exists() and _rows(out) == _rows(whole)

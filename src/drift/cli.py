@@ -8,7 +8,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +16,10 @@ import drift
 from drift import comm
 from drift.bench.cli import add_parser as add_bench_parser
 from drift.bench.output import positive
+
+if TYPE_CHECKING:
+    from drift.launch import RankError
+    from drift.train import TrainConfig
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -51,17 +55,66 @@ def _fail(command: str, message: str) -> int:
     return 2
 
 
-def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str) -> Any:
-    """Rank 0's ``fn(arg)``: called here for one rank, else on ``nproc`` fresh local ranks on ``device``."""
+FAILURE_LOG = "failure.log"
+
+
+def _raised(report: str, kinds: tuple[type, ...]) -> bool:
+    """Whether a rank's report (a traceback) ends in one of ``kinds``."""
+    last = report.rstrip().rsplit("\n", 1)[-1]
+    return last.startswith(tuple(f"{kind.__module__}.{kind.__qualname__}:" for kind in kinds))
+
+
+def _rank_failure(exc: RankError, out: str, expected: tuple[type, ...]) -> str:
+    """The error line for a ``RankError`` of ``drift train --nproc N``. A failure other than one of drift's
+    own ``expected`` errors (one line each) writes every failed rank's report to ``<out>/failure.log``,
+    named in the line, and prints the root cause's (the first failed rank's) traceback once; when the log
+    cannot be written the line says why."""
+    if exc.first is None or _raised(exc.reports[exc.first], expected):
+        return str(exc)
+    log = os.path.join(out, FAILURE_LOG)
+    reports = "".join(f"--- rank {rank} ---\n{report.rstrip()}\n" for rank, report in exc.reports.items())
+    try:
+        os.makedirs(out, exist_ok=True)
+        with open(log, "w") as f:
+            f.write(f"{exc}\n{reports}")
+    except OSError as error:
+        return f"{exc} (no {FAILURE_LOG}: {error.strerror or error})"
+    print(f"rank {exc.first} (the first to fail):\n{exc.reports[exc.first].rstrip()}", file=sys.stderr)
+    return f"{exc} (every rank's report: {log})"
+
+
+def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool: bool = False) -> Any:
+    """Rank 0's ``fn(arg)``: called here for one rank (unless ``pool``), else on ``nproc`` fresh local
+    ranks on ``device``."""
     from drift.launch import run_ranks
 
-    return fn(arg) if nproc == 1 else run_ranks(nproc, fn, arg, device=device)[0]
+    return fn(arg) if nproc == 1 and not pool else run_ranks(nproc, fn, arg, device=device)[0]
+
+
+def _train_restarting(config: TrainConfig, restarts: int, expected: tuple[type, ...]) -> list[dict]:
+    """``train_rank`` on fresh local ranks, started again up to ``restarts`` times after a failure other
+    than one of drift's own ``expected`` errors (which a restart would repeat); a restarted job resumes
+    from the latest complete checkpoint when there is one. Raises the last ``RankError``."""
+    from drift.launch import RankError
+    from drift.train import restarted, train_rank
+
+    pool = restarts > 0  # one rank too runs in a process of its own, which may die
+    for attempt in range(1, restarts + 1):
+        try:
+            return _on_ranks(config.nproc, train_rank, config, config.device, pool)
+        except RankError as exc:
+            if exc.first is None or _raised(exc.reports[exc.first], expected):
+                raise
+            config = restarted(config)
+            how = "resuming from the latest checkpoint" if config.resume else "from the start"
+            print(f"drift train: {exc}; restart {attempt} of {restarts}, {how}", file=sys.stderr)
+    return _on_ranks(config.nproc, train_rank, config, config.device, pool)
 
 
 def _train(args: argparse.Namespace) -> int:
     from drift.checkpoint import CheckpointError, CheckpointWriteError, FolderInUse, check_unlocked
     from drift.data import DataError
-    from drift.launch import RankError, launched
+    from drift.launch import RankError, launched, restart_count
     from drift.train import (
         ConfigError,
         NonFiniteError,
@@ -69,16 +122,22 @@ def _train(args: argparse.Namespace) -> int:
         check_fresh_run,
         config_from,
         ensure_default_data,
+        restarted,
         train_rank,
     )
 
     config = config_from(vars(args))
+    expected = (ConfigError, DataError, CheckpointError, CheckpointWriteError, FolderInUse, NonFiniteError)
     try:
         if launched():
             world = int(os.environ["WORLD_SIZE"])
             if args.nproc is not None and args.nproc != world:
                 raise ConfigError(f"--nproc {args.nproc} under torchrun, which started {world} ranks")
             config.nproc = world
+            if args.max_restarts:
+                raise ConfigError("--max-restarts under torchrun: give it to torchrun (torchrun --max-restarts N)")
+            if restart_count() > 0:  # torchrun restarted the job
+                config = restarted(config)
             check_fresh_run(config)
             history = train_rank(config)  # checks the options on every rank, after the data exist
             if int(os.environ["RANK"]) != 0:
@@ -89,16 +148,10 @@ def _train(args: argparse.Namespace) -> int:
             check_config(config, config.nproc)
             check_fresh_run(config)
             check_unlocked(config.out)  # rank 0 takes the lock; this refuses before any rank starts
-            history = _on_ranks(config.nproc, train_rank, config, config.device)
-    except (
-        ConfigError,
-        DataError,
-        CheckpointError,
-        CheckpointWriteError,
-        FolderInUse,
-        NonFiniteError,
-        RankError,
-    ) as exc:
+            history = _train_restarting(config, args.max_restarts, expected)
+    except RankError as exc:
+        return _fail("train", _rank_failure(exc, config.out, expected))
+    except expected as exc:
         return _fail("train", str(exc))
     last = history[-1] if history else None
     if last is not None:
@@ -149,6 +202,13 @@ def _evaluate(args: argparse.Namespace) -> int:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
     return 0
+
+
+def _count(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    if not text.isdecimal():
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 0")
+    return int(text)
 
 
 def _grid(text: str) -> tuple[int, ...]:
@@ -236,6 +296,14 @@ def _add_train(commands) -> None:
     train.add_argument("--out", default=d.out, help="run folder: metrics, checkpoints, plots")
     train.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    train.add_argument(
+        "--max-restarts",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="after a rank fails (a death or a bug, not a refused option), start the ranks again up to N times; "
+        "a restarted job resumes from the latest complete checkpoint",
+    )
     train.add_argument("--t-in", type=positive(int), default=d.t_in, help="input frames")
     train.add_argument("--t-out", type=positive(int), default=d.t_out, help="predicted frames")
     train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

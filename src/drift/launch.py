@@ -40,12 +40,14 @@ class RankError(RuntimeError):
     """A call on ranks failed: a rank raised, died or did not answer in time.
 
     ``str()`` is one line naming each failed rank and its error; ``reports`` maps each failed rank to its
-    traceback (or how it died or timed out), and the exception's cause shows them all.
+    traceback (or how it died or timed out), and the exception's cause shows them all; ``first`` is the
+    rank that failed first (most often the root cause; None when no rank is to blame).
     """
 
-    def __init__(self, message: str, reports: dict[int, str] | None = None) -> None:
+    def __init__(self, message: str, reports: dict[int, str] | None = None, first: int | None = None) -> None:
         super().__init__(message)
         self.reports = reports or {}
+        self.first = first
 
 
 class MemoryCapExceeded(RankError):
@@ -132,13 +134,37 @@ def process_group(device: str = "cpu") -> Iterator[torch.device]:
     """
     where = _place(device)
     joins = launched() and int(os.environ["WORLD_SIZE"]) > 1 and not comm.is_initialized()
-    if joins:
+    if joins and restart_count() > 0:
+        _join_restarted(_backend(device))
+    elif joins:
         comm.init_process_group(_backend(device), timeout_s=GROUP_TIMEOUT_S)
     try:
         yield where
     finally:
         if joins:
             comm.destroy_process_group()
+
+
+def restart_count() -> int:
+    """How often torchrun (``--max-restarts``) restarted this job: 0 for its first attempt or outside it."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _join_restarted(backend: str) -> None:
+    """Join the default group of a job torchrun restarted, on the store at ``MASTER_ADDR:MASTER_PORT``
+    under a prefix of its own: the keys the earlier attempt left there would otherwise send Gloo to its
+    dead ranks' addresses (``connectFullMesh failed ... Connection refused``)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timedelta(seconds=GROUP_TIMEOUT_S)
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0 hosts the store
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = dist.TCPStore(address, port, size, is_master=not agent and rank == 0, timeout=timeout)
+    prefixed = dist.PrefixStore(f"drift/attempt-{restart_count()}", store)
+    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=size, timeout=timeout)
 
 
 def _free_port() -> int:
@@ -303,7 +329,7 @@ class RankPool:
         summary = "; ".join(f"{_ranks(sorted(ranks))} {line}" for line, ranks in by_error.items())
         reports = {rank: reply.value for rank, reply in sorted(failed.items())}
         details = "\n".join(f"--- rank {rank} ---\n{report.rstrip()}" for rank, report in reports.items())
-        error = RankError(summary, reports)
+        error = RankError(summary, reports, next(iter(failed)))
         error.__cause__ = RankTracebacks(f"{what} on {self.size} ranks:\n{details}")
         return error
 

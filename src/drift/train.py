@@ -353,6 +353,14 @@ def check_fresh_run(config: TrainConfig) -> None:
         _check_options(config, path, read_meta(path), advice)
 
 
+def restarted(config: TrainConfig) -> TrainConfig:
+    """The config of a restarted job (``drift train --max-restarts``, torchrun's ``--max-restarts``): it
+    resumes from the latest complete checkpoint when ``--out`` holds one, else starts fresh again."""
+    if config.resume or not complete_checkpoints(Path(config.out) / "checkpoints"):
+        return config
+    return dataclasses.replace(config, resume=True)
+
+
 @contextlib.contextmanager
 def _one_writer(out: Path) -> Iterator[None]:
     """Rank 0 holds ``out``'s lock inside the block; FolderInUse on every rank when another run holds it."""
