@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from harness import device_for
+from harness import attempt, device_for
 from reference import random_tensor, rel_err
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
@@ -83,3 +83,14 @@ def check_dtensor_runs(runs, mesh, device) -> None:
             assert isinstance(xd.grad, DTensor) and tuple(xd.grad.placements) == in_placements, (name, loss)
             err = rel_err(xd.grad.full_tensor(), ref_in.grad)
             assert err <= 1e-12, (name, loss, err)
+
+
+def attempts_without_collectives(cases) -> list[tuple[str | None, str]]:
+    """For each ``(fn, arg)``: the name and message of what ``fn(arg)`` raised (None, "" if nothing),
+    asserting that it issued no drift collective first."""
+    errors = []
+    for fn, arg in cases:
+        with drift.comm_log() as log:
+            errors.append(attempt(fn, arg)[:2])
+        assert log.calls == []
+    return errors
