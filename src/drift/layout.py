@@ -198,12 +198,17 @@ class Layout:
             s = chunk_slice(n, self.axis_size(axis), self.coordinate[axis])
             n = s.stop - s.start
         for axis, m in zip(reversed(self.spatial_axes), reversed(extents), strict=True):
-            parts = self.axis_size(axis)
-            c = -(-m // parts)
-            padded = x if c == x.shape[1] else F.pad(x, (0, 0) * (x.dim() - 2) + (0, c - x.shape[1]))
-            every = comm.all_gather(padded, group=self.group(axis)).view(parts, x.shape[0], c, *x.shape[2:])
-            x = torch.cat([every[q, :, :size] for q, size in enumerate(chunk_sizes(m, parts))], dim=1)
+            x = self._join_chunks(x, 1, m, axis)
         return x
+
+    def _join_chunks(self, x: torch.Tensor, dim: int, n: int, axis: int) -> torch.Tensor:
+        """Every rank's ``torch.chunk`` block of ``n`` along ``dim`` (this rank's is ``x``) joined along
+        ``dim`` on every rank of mesh dim ``axis``: one all-gather of blocks padded to the largest."""
+        parts = self.axis_size(axis)
+        c = -(-n // parts)
+        padded = x if c == x.shape[dim] else F.pad(x, (0, 0) * (x.dim() - 1 - dim) + (0, c - x.shape[dim]))
+        every = comm.all_gather(padded.unsqueeze(0), group=self.group(axis))
+        return torch.cat([every[q].narrow(dim, 0, size) for q, size in enumerate(chunk_sizes(n, parts))], dim=dim)
 
     # Whole fields (tests and I/O, not the hot path).
 
@@ -222,14 +227,8 @@ class Layout:
             raise PlanError(f"gather expected a local block ending in {self.local_shape}, got {tuple(x_local.shape)}")
         x = x_local
         for dim, axis in enumerate(self.axes):
-            if axis is None:
-                continue
-            t = x.dim() - d + dim
-            n, parts = self.global_shape[dim], self.parts[dim]
-            c = -(-n // parts)
-            pad = [0, 0] * (x.dim() - 1 - t) + [0, c - x.shape[t]]
-            every = comm.all_gather(F.pad(x, pad).unsqueeze(0), group=self.group(axis))
-            x = torch.cat([every[q].narrow(t, 0, size) for q, size in enumerate(chunk_sizes(n, parts))], dim=t)
+            if axis is not None:
+                x = self._join_chunks(x, x.dim() - d + dim, self.global_shape[dim], axis)
         return x.clone() if x is x_local else x
 
 
