@@ -10,6 +10,7 @@ exception, the message, how soon it ends and the checkpoints."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from torch.distributed.checkpoint import filesystem
 
 import drift.train
 from drift import comm
-from drift.checkpoint import LOCK, latest_checkpoint
+from drift.checkpoint import LOCK, FolderInUse, folder_lock, latest_checkpoint
 from drift.cli import FAILURE_LOG, main
 from drift.launch import RankError
 from drift.train import TrainConfig, evaluate, train, train_rank
@@ -102,6 +103,12 @@ def test_nonfinite_data_is_refused_naming_trajectories_and_fields(capsys, data, 
     names = "non-finite values (NaN or inf) in training trajectory 1 ('density'), test trajectory 3 ('Vx')"
     _refused_soon(capsys, _run(bad, out, "--epochs", "1", "--nproc", "2"), names)
     assert _checkpoints(out) == (["epoch-0001"], "epoch-0001")
+    # Data read with the checkpoint's statistics (an evaluation, a resumed run) are checked as well.
+    bad = _spoiled(data, tmp_path / "test-nan.hdf5", 3, "Vy", 2)
+    names = "non-finite values (NaN or inf) in test trajectory 3 ('Vy')"
+    _refused_soon(capsys, ["evaluate", str(out), "--data", bad, "--nproc", "2"], names)
+    _refused_soon(capsys, _run(bad, out, "--epochs", "2", "--resume", "--nproc", "2"), names)
+    assert _checkpoints(out) == (["epoch-0001"], "epoch-0001") and len(_rows(out)) == 1
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float16"])
@@ -127,9 +134,9 @@ def _bad_step(epoch: int, trajectory: int) -> tuple[int, list[int]]:
 def test_a_nonfinite_loss_stops_before_a_checkpoint_or_skips_the_batch(ranks, capsys, data, tmp_path):
     out = tmp_path / "run"
     ranks.run(2, _train, _config(data, out, epochs=1))
-    # The run goes on on data that changed under it: a resumed run takes the checkpoint's statistics, so
-    # only the guard sees the NaN (in a target frame, in rank 1's slab alone).
-    bad = _spoiled(data, tmp_path / "nan.hdf5", 1, "pressure", 4)
+    # The run goes on on data that changed under it: a finite value whose square overflows float32 (in a
+    # target frame, in rank 1's slab alone) passes the data check, and only the guard sees the loss.
+    bad = _spoiled(data, tmp_path / "huge.hdf5", 1, "pressure", 4, 3e38)
     step, batch = _bad_step(2, 1)
     began = time.monotonic()
     with pytest.raises(RankError) as stopped:
@@ -179,6 +186,31 @@ def test_a_second_run_on_a_busy_folder_is_refused_and_a_killed_runs_lock_taken_o
     assert not (out / LOCK).exists() and _checkpoints(out) == ([latest, following], following)
 
 
+def test_a_folder_without_flock_is_locked_by_a_file_created_exclusively(capfd, monkeypatch, data, tmp_path):
+    def unsupported(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", unsupported)
+    out = tmp_path / "run"
+    assert main(_run(data, out, "--epochs", "1")) == 0  # one rank, in this process
+    err = capfd.readouterr().err
+    assert f"drift: {out}'s filesystem has no flock: {out / LOCK} is created exclusively instead" in err, err
+    assert "Traceback" not in err and not (out / LOCK).exists() and _checkpoints(out) == (["epoch-0001"], "epoch-0001")
+    owner = f"pid {os.getpid()} on host {socket.gethostname()}"
+    busy = f"in use by another drift train \\({owner}.*delete {out / LOCK}$"
+    with folder_lock(out), pytest.raises(FolderInUse, match=busy), folder_lock(out):
+        pass
+    # A lock left by a dead process of this host is taken over; one of another host is not.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (out / LOCK).write_text(json.dumps(dict(host=socket.gethostname(), pid=dead.pid)))
+    assert main(_run(data, out, "--epochs", "2", "--resume")) == 0
+    assert not (out / LOCK).exists() and _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")
+    (out / LOCK).write_text(json.dumps(dict(host="elsewhere", pid=dead.pid)))
+    _refused_soon(capfd, _run(data, out, "--epochs", "3", "--resume"), f"pid {dead.pid} on host elsewhere")
+    assert _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")
+
+
 def _truncate(file: Path) -> None:
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
 
@@ -189,6 +221,10 @@ DAMAGES: list[tuple[Callable[[Path], object], str]] = [
     (lambda root: _truncate(root / "epoch-0002" / ".metadata"), "epoch-0002/.metadata: unreadable"),
     (lambda root: _truncate(root / "epoch-0002" / "__1_0.distcp"), "epoch-0002/__1_0.distcp: truncated"),
     (lambda root: (root / "epoch-0002" / "meta.json").write_text("{garbage"), "epoch-0002/meta.json: unreadable"),
+    (
+        lambda root: (root / "epoch-0002" / "meta.json").write_text('{"epoch": 2}'),
+        "epoch-0002/meta.json: unreadable (no 'world_size', 'config', 'stats', 'global_shape', 'history')",
+    ),
     (lambda root: shutil.rmtree(root / "epoch-0002"), "latest names 'epoch-0002', which is not a complete"),
     (lambda root: (root / "epoch-0002" / "meta.json").unlink(), "latest names 'epoch-0002', which is not a complete"),
 ]
@@ -287,6 +323,13 @@ def _rank_1_raises(config: TrainConfig) -> list[dict]:
     return train_rank(config)
 
 
+def _torchrun_rank_1_raises(config: TrainConfig) -> list[dict]:
+    """``_rank_1_raises`` for torchrun's ranks, which join the group inside ``train_rank``."""
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 broke")
+    return train_rank(config)
+
+
 def test_a_failing_rank_prints_its_traceback_once_and_logs_every_rank(capsys, monkeypatch, data, tmp_path):
     out = tmp_path / "run"
     monkeypatch.setattr(drift.train, "train_rank", _rank_1_raises)
@@ -302,6 +345,69 @@ def test_a_failing_rank_prints_its_traceback_once_and_logs_every_rank(capsys, mo
     assert "in _rank_1_raises" in err and "--- rank 0 ---" not in err
     text = log.read_text()
     assert "--- rank 0 ---" in text and "--- rank 1 ---" in text and "in _rank_1_raises" in text, text
+    # The next run in the folder removes the earlier job's log.
+    monkeypatch.undo()
+    assert main(_run(data, out, "--epochs", "1")) == 0 and not log.exists()
+    # Under torchrun: the failing rank's traceback once, one line naming the log (torchrun's summary follows).
+    script = tmp_path / "raises.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nimport drift.train\n"
+        "from test_faults import _torchrun_rank_1_raises\ndrift.train.train_rank = _torchrun_rank_1_raises\n"
+        "from drift.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    began = time.monotonic()
+    done = subprocess.run(
+        [*cmd, *_run(data, out, "--epochs", "2", "--resume")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode != 0 and time.monotonic() - began < 60
+    line = f"drift train: error: rank 1 failed: RuntimeError: rank 1 broke (every failed rank's report: {log})"
+    assert done.stderr.count(line) == 1 and done.stderr.count("in _torchrun_rank_1_raises") == 1, done.stderr
+    assert "--- rank 1, attempt 0 ---" in log.read_text() and "in _torchrun_rank_1_raises" in log.read_text()
+    assert _checkpoints(out) == (["epoch-0001"], "epoch-0001")
+
+
+def _rank_1_dies_before_its_first_checkpoint(config: TrainConfig) -> list[dict]:
+    """``train_rank`` with rank 1 dying (``os._exit``) before the epoch-1 checkpoint, once per test folder."""
+    died, save = Path(config.out).parent / "rank-1-died", drift.train.save_checkpoint
+
+    def die_then_save(root, epoch: int, *args, **kwargs):
+        if epoch == 1 and comm.rank() == 1 and not died.exists():
+            died.touch()
+            os._exit(1)
+        return save(root, epoch, *args, **kwargs)
+
+    with mock.patch.object(drift.train, "save_checkpoint", die_then_save):
+        return train_rank(config)
+
+
+def test_a_fresh_run_restarted_before_its_first_checkpoint_does_not_resume_an_older_run(
+    capsys, monkeypatch, data, tmp_path
+):
+    out = tmp_path / "run"
+    assert main(_run(data, out, "--epochs", "3", "--nproc", "2")) == 0
+    older = _rows(out)
+    monkeypatch.setattr(drift.train, "train_rank", _rank_1_dies_before_its_first_checkpoint)
+    # No restart: the fresh run wrote no checkpoint; the older run's are kept on disk but are not its own.
+    assert main(_run(data, out, "--epochs", "2", "--nproc", "2")) == 2
+    assert "rank 1 died (exit code 1)" in capsys.readouterr().err
+    assert sorted(p.parent.name for p in (out / "checkpoints").glob("epoch-*/meta.json")) == [
+        "epoch-0002",
+        "epoch-0003",
+    ]
+    fresh = "no checkpoint yet of the fresh run started here"
+    _refused_soon(capsys, ["evaluate", str(out)], fresh)
+    _refused_soon(capsys, _run(data, out, "--epochs", "2", "--resume"), fresh)
+    # One restart allowed: the restarted job starts from the start, not from the older run's epoch 3.
+    (out.parent / "rank-1-died").unlink()
+    assert main(_run(data, out, "--epochs", "2", "--nproc", "2", "--max-restarts", "1")) == 0
+    err = capsys.readouterr().err
+    assert "rank 1 died (exit code 1)" in err and "restart 1 of 1, from the start" in err, err
+    assert _rows(out) == older[:2] and _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")
 
 
 def _rank_1_dies_once(config: TrainConfig) -> list[dict]:

@@ -24,13 +24,17 @@ Loading falls back (``load_newest``): a checkpoint whose files are damaged (``me
 parse, DCP's ``.metadata`` that does not unpickle, a data file missing or shorter than ``.metadata``
 says), or that DCP fails to load on any rank (the ranks agree), is reported in one line naming the file
 and the ranks move together to the next older complete one; ``latest`` naming no complete checkpoint
-falls back the same way.
+falls back the same way. A fresh run (``mark_fresh``) points ``latest`` at ``none`` until its first
+checkpoint: the older run's checkpoints it will replace are then no longer loaded, not even by a
+restart of the fresh run before that checkpoint.
 
 Checkpoints live on the default process group (every rank of the job).
 
 One run folder, one writer: ``folder_lock`` holds ``<run folder>/train.lock`` (an advisory ``flock``,
 the file naming the owner's host and pid) for the whole run. The kernel releases it when its owner
-dies, so a lock left by a killed run is taken over by the next one.
+dies, so a lock left by a killed run is taken over by the next one. On a filesystem without ``flock``
+(Lustre mounted ``noflock``, some NFS) the lock file is created exclusively instead, and said so: a
+lock left by a dead process on this host is taken over, one left on another host must be deleted by hand.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import shutil
 import socket
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -62,6 +66,7 @@ from torch.distributed.checkpoint.state_dict import (
 from drift import comm
 
 LATEST = "latest"
+FRESH = "none"  # what ``latest`` names while a fresh run has written no checkpoint yet
 LOCK = "train.lock"
 
 
@@ -239,8 +244,9 @@ def latest_checkpoint(root: str | Path) -> Path:
     return path
 
 
-def read_meta(path: str | Path) -> dict:
-    """The ``meta`` a checkpoint was saved with (CheckpointError naming the file if it does not parse)."""
+def read_meta(path: str | Path, keys: Sequence[str] = ()) -> dict:
+    """The ``meta`` a checkpoint was saved with; CheckpointError naming the file if it does not parse or
+    lacks one of ``keys``."""
     file = Path(path) / "meta.json"
     try:
         meta = json.loads(file.read_text())
@@ -248,15 +254,26 @@ def read_meta(path: str | Path) -> dict:
         raise CheckpointError(f"{file}: unreadable ({type(exc).__name__}: {exc})") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{file}: unreadable (not a JSON object)")
+    if missing := [key for key in keys if key not in meta]:
+        raise CheckpointError(f"{file}: unreadable (no {', '.join(map(repr, missing))})")
     return meta
 
 
-def _damage(path: Path) -> str | None:
+def mark_fresh(root: str | Path) -> None:
+    """Rank 0 of a fresh run (not ``--resume``): point ``root/latest`` at none (when there is a ``latest``)
+    so that the checkpoints of an older run in ``root``, which the first checkpoint will replace, are no
+    longer loaded by a restart of this run or by ``--resume``/``drift evaluate``."""
+    pointer = Path(root) / LATEST
+    if pointer.is_file():
+        _write_atomic(pointer, FRESH + "\n")
+
+
+def _damage(path: Path, keys: Sequence[str]) -> str | None:
     """What makes the checkpoint folder ``path`` unreadable, in one line naming the file: ``meta.json`` that
-    does not parse, DCP's ``.metadata`` that does not unpickle, a data file missing or shorter than
-    ``.metadata`` says; None when its files look whole."""
+    does not parse or lacks one of ``keys``, DCP's ``.metadata`` that does not unpickle, a data file missing
+    or shorter than ``.metadata`` says; None when its files look whole."""
     try:
-        read_meta(path)
+        read_meta(path, keys)
         metadata = FileSystemReader(path).read_metadata()
         ends: dict[str, int] = {}
         for info in metadata.storage_data.values():
@@ -292,6 +309,11 @@ def _candidates(root: Path) -> tuple[list[Path], list[str]]:
         name = pointer.read_text().strip()
     except (OSError, ValueError) as exc:
         return complete, [f"{pointer}: unreadable ({type(exc).__name__}: {exc})"]
+    if name == FRESH:
+        message = f"{root}: no checkpoint yet of the fresh run started here ({pointer} names none)"
+        if complete:  # newest first
+            message += f"; to resume the older run whose checkpoints are here, write {complete[0].name} into {pointer}"
+        raise CheckpointError(message)
     named = root / name
     epoch = _epoch(named) if name and "/" not in name else None
     if epoch is not None and (named / "meta.json").is_file():
@@ -300,14 +322,15 @@ def _candidates(root: Path) -> tuple[list[Path], list[str]]:
     return older, [f"{pointer} names {name!r}, which is not a complete checkpoint"]
 
 
-def usable_checkpoint(root: str | Path) -> Path:
-    """The checkpoint ``load_newest`` will try first that is not visibly damaged (its files read; no DCP
-    load): ``latest``'s, or else the newest older complete one. CheckpointError naming every problem
-    found when there is none. Says nothing; for checks before the ranks start."""
+def usable_checkpoint(root: str | Path, keys: Sequence[str] = ()) -> Path:
+    """The checkpoint ``load_newest`` will try first that is not visibly damaged (its files read and its
+    ``meta`` has ``keys``; no DCP load): ``latest``'s, or else the newest older complete one.
+    CheckpointError naming every problem found when there is none. Says nothing; for checks before the
+    ranks start."""
     root = Path(root)
     paths, problems = _candidates(root)
     for path in paths:
-        if (problem := _damage(path)) is None:
+        if (problem := _damage(path, keys)) is None:
             return path
         problems.append(problem)
     raise CheckpointError(_none_loads(root, problems))
@@ -347,12 +370,14 @@ def load_newest(
     optimizer: torch.optim.Optimizer | None = None,
     *,
     check: Callable[[Path, dict], None] | None = None,
+    keys: Sequence[str] = (),
 ) -> tuple[Path, dict]:
     """Load the newest checkpoint under ``root`` that loads (``latest``'s, else an older complete one)
-    into ``model`` (and ``optimizer``) on every rank; returns its folder and ``meta``. Each one passed
-    over (damaged files, or a DCP load that failed on any rank: the ranks agree) is reported by rank 0 in
-    one line naming the file, and the fallback in one more. ``check(path, meta)`` may refuse a checkpoint
-    before it loads (its error propagates). CheckpointError on every rank when none loads."""
+        into ``model`` (and ``optimizer``) on every rank; returns its folder and ``meta``. Each one passed
+        over (damaged files, or a DCP load that failed on any rank: the ranks agree) is reported by rank 0 in
+        one line naming the file, and the fallback in one more; a ``meta`` without one of ``keys`` counts as
+    damaged. ``check(path, meta)`` may refuse a checkpoint
+        before it loads (its error propagates). CheckpointError on every rank when none loads."""
     root = Path(root)
     try:
         found: tuple[list[Path], list[str]] | str | None = _candidates(root) if comm.rank() == 0 else None
@@ -365,7 +390,7 @@ def load_newest(
     for problem in problems:
         _note(f"checkpoint passed over: {problem}")
     for path in paths:
-        problem = _agreed(_damage(path))
+        problem = _agreed(_damage(path, keys))
         if problem is None:
             meta = read_meta(path)
             if check is not None:
@@ -407,6 +432,49 @@ def _try_lock(path: Path, create: bool) -> int | None:
             return None
 
 
+def _flock_works(folder: Path) -> bool:
+    """Whether ``folder``'s filesystem supports ``flock`` (a shared lock on the folder itself, released at once)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+    finally:
+        os.close(fd)
+    return True
+
+
+def _dead_owner(path: Path) -> bool:
+    """Whether the lock file ``path`` names a process of this host that no longer runs."""
+    try:
+        owner = json.loads(path.read_text())
+        if owner["host"] != socket.gethostname():
+            return False
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # being written right now, or not ours to judge
+    return False
+
+
+def _create_lock(path: Path) -> int | None:
+    """A descriptor of the lock file ``path``, created exclusively (for filesystems without ``flock``), or
+    None when a live process, or one of another host, holds it. A file left by a dead process of this host
+    is taken over; two runs taking over the same dead lock at the same instant may both proceed, a window
+    ``flock`` does not have."""
+    for _ in range(2):
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            if not _dead_owner(path):
+                return None
+            path.unlink(missing_ok=True)
+    return None
+
+
 def _owner(path: Path) -> str:
     """The owner a lock file names: ``pid P on host H``."""
     try:
@@ -442,13 +510,20 @@ def check_unlocked(folder: str | Path) -> None:
 def folder_lock(folder: str | Path) -> Iterator[None]:
     """Hold ``folder``'s lock inside the block (the folder is created first); the lock file names this
     host and pid and is removed at the end. FolderInUse if a live process holds it; a lock whose owner
-    died is taken over."""
+    died is taken over (on a filesystem without ``flock``: one whose owner was on this host)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK
-    fd = _try_lock(path, create=True)
+    flock = _flock_works(folder)
+    if not flock:
+        _note(
+            f"{folder}'s filesystem has no flock: {path} is created exclusively instead; if a run killed on "
+            "another host leaves it behind, delete it by hand"
+        )
+    fd = _try_lock(path, create=True) if flock else _create_lock(path)
     if fd is None:
-        raise _in_use(folder)
+        error = _in_use(folder)
+        raise error if flock else FolderInUse(f"{error}; if that run no longer runs, delete {path}")
     try:
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(dict(host=socket.gethostname(), pid=os.getpid())).encode())

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +66,16 @@ def _raised(report: str, kinds: tuple[type, ...]) -> bool:
     return last.startswith(tuple(f"{kind.__module__}.{kind.__qualname__}:" for kind in kinds))
 
 
+def _forget_failure(out: str) -> None:
+    """Remove the ``failure.log`` of an earlier job in ``out`` (unless a running one holds the folder): the
+    one there then is this job's."""
+    from drift.checkpoint import FolderInUse, check_unlocked
+
+    with contextlib.suppress(OSError, FolderInUse):
+        check_unlocked(out)
+        os.remove(os.path.join(out, FAILURE_LOG))
+
+
 def _rank_failure(exc: RankError, out: str, expected: tuple[type, ...]) -> str:
     """The error line for a ``RankError`` of ``drift train --nproc N``. A failure other than one of drift's
     own ``expected`` errors (one line each) writes every failed rank's report to ``<out>/failure.log``,
@@ -81,6 +93,24 @@ def _rank_failure(exc: RankError, out: str, expected: tuple[type, ...]) -> str:
         return f"{exc} (no {FAILURE_LOG}: {error.strerror or error})"
     print(f"rank {exc.first} (the first to fail):\n{exc.reports[exc.first].rstrip()}", file=sys.stderr)
     return f"{exc} (every rank's report: {log})"
+
+
+def _own_failure(out: str, rank: int, attempt: int) -> str:
+    """The error line of torchrun's rank ``rank`` failing inside ``except`` with an error other than one of
+    drift's own: its traceback is printed once here and appended to ``<out>/failure.log`` (every failing
+    rank's, each attempt's), named in the line. Above torchrun's own summary of the failed job."""
+    report = traceback.format_exc()
+    kind, _, message = report.rstrip().rsplit("\n", 1)[-1].partition(": ")
+    line = f"rank {rank} failed: {kind}: {' '.join(message.split())[:500]}"
+    log = os.path.join(out, FAILURE_LOG)
+    print(report.rstrip(), file=sys.stderr)
+    try:
+        os.makedirs(out, exist_ok=True)
+        with open(log, "a") as f:
+            f.write(f"--- rank {rank}, attempt {attempt} ---\n{report.rstrip()}\n")
+    except OSError as error:
+        return f"{line} (no {FAILURE_LOG}: {error.strerror or error})"
+    return f"{line} (every failed rank's report: {log})"
 
 
 def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool: bool = False) -> Any:
@@ -136,11 +166,19 @@ def _train(args: argparse.Namespace) -> int:
             config.nproc = world
             if args.max_restarts:
                 raise ConfigError("--max-restarts under torchrun: give it to torchrun (torchrun --max-restarts N)")
+            rank = int(os.environ["RANK"])
             if restart_count() > 0:  # torchrun restarted the job
                 config = restarted(config)
+            elif rank == 0:
+                _forget_failure(config.out)
             check_fresh_run(config)
-            history = train_rank(config)  # checks the options on every rank, after the data exist
-            if int(os.environ["RANK"]) != 0:
+            try:
+                history = train_rank(config)  # checks the options on every rank, after the data exist
+            except expected:
+                raise
+            except Exception:
+                return _fail("train", _own_failure(config.out, rank, restart_count()))
+            if rank != 0:
                 return 0
         else:
             if config.data is None:
@@ -148,6 +186,7 @@ def _train(args: argparse.Namespace) -> int:
             check_config(config, config.nproc)
             check_fresh_run(config)
             check_unlocked(config.out)  # rank 0 takes the lock; this refuses before any rank starts
+            _forget_failure(config.out)
             history = _train_restarting(config, args.max_restarts, expected)
     except RankError as exc:
         return _fail("train", _rank_failure(exc, config.out, expected))

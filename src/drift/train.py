@@ -49,6 +49,7 @@ from drift.checkpoint import (
     complete_checkpoints,
     folder_lock,
     load_newest,
+    mark_fresh,
     read_meta,
     save_checkpoint,
     usable_checkpoint,
@@ -66,6 +67,8 @@ if TYPE_CHECKING:
 DEFAULT_DATA = dict(samples=64, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
 MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out")
+# What a checkpoint's meta.json holds (one without all of them is passed over as damaged).
+META_KEYS = ("epoch", "world_size", "config", "stats", "global_shape", "history")
 # What a non-finite loss or gradient norm does: stop the run, or skip that batch.
 ON_NAN = ("stop", "skip-batch")
 
@@ -324,8 +327,10 @@ def _check_options(
     """CheckpointError naming the first of ``names`` the checkpoint at ``path`` was trained with otherwise."""
     saved = meta["config"]
     for name in names:
+        option = f"--{name.replace('_', '-')}"
+        if name not in saved:
+            raise CheckpointError(f"{path}: the run was trained without {option} (by an older drift){advice}")
         if json.loads(json.dumps(getattr(config, name))) != saved[name]:
-            option = f"--{name.replace('_', '-')}"
             raise CheckpointError(
                 f"{path}: {option} is {getattr(config, name)}, the run was trained with {saved[name]}{advice}"
             )
@@ -335,8 +340,8 @@ def resume_point(config: TrainConfig) -> tuple[Path, dict]:
     """The checkpoint ``--resume`` continues from (unless DCP then fails to load it: see ``load_newest``)
     and its meta: ``latest``'s, or the newest older complete one when that one is damaged. CheckpointError
     if none is whole or the run's options differ."""
-    path = usable_checkpoint(Path(config.out) / "checkpoints")
-    meta = read_meta(path)
+    path = usable_checkpoint(Path(config.out) / "checkpoints", META_KEYS)
+    meta = read_meta(path, META_KEYS)
     _check_options(config, path, meta)
     return path, meta
 
@@ -344,19 +349,28 @@ def resume_point(config: TrainConfig) -> tuple[Path, dict]:
 def check_fresh_run(config: TrainConfig) -> None:
     """For ``drift train`` without ``--resume``: CheckpointError naming the option if ``--out`` holds
     checkpoints trained with other options (the fresh run would replace them at its first checkpoint, as
-    it replaces those of a run with the same options)."""
+    it replaces those of a run with the same options and damaged ones)."""
     if config.resume:
         return
     root = Path(config.out) / "checkpoints"
     advice = f"; a fresh run would replace its checkpoints: use another --out, or delete {root}"
     for path in complete_checkpoints(root):
-        _check_options(config, path, read_meta(path), advice)
+        try:
+            meta = read_meta(path, META_KEYS)
+        except CheckpointError:
+            continue
+        _check_options(config, path, meta, advice)
 
 
 def restarted(config: TrainConfig) -> TrainConfig:
     """The config of a restarted job (``drift train --max-restarts``, torchrun's ``--max-restarts``): it
-    resumes from the latest complete checkpoint when ``--out`` holds one, else starts fresh again."""
-    if config.resume or not complete_checkpoints(Path(config.out) / "checkpoints"):
+    resumes from the latest checkpoint that looks whole when ``--out`` holds one of this run, else starts
+    fresh again (a fresh run marks an older run's checkpoints as not its own: ``mark_fresh``)."""
+    if config.resume:
+        return config
+    try:
+        usable_checkpoint(Path(config.out) / "checkpoints", META_KEYS)
+    except CheckpointError:
         return config
     return dataclasses.replace(config, resume=True)
 
@@ -408,9 +422,11 @@ def _train(config: TrainConfig) -> list[dict]:
         def check(path: Path, meta: dict) -> None:
             _check_options(config, path, meta)
 
-        _, saved = load_newest(out / "checkpoints", model, optimizer, check=check)
+        _, saved = load_newest(out / "checkpoints", model, optimizer, check=check, keys=META_KEYS)
         start, history = saved["epoch"], saved["history"]
     train_set, test_set = _datasets(config, data, _stats(saved) if saved else None, sharding)
+    if rank == 0 and not config.resume:  # the data are good: from here on an older run's checkpoints are not ours
+        mark_fresh(out / "checkpoints")
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         train_set.stats.save(out / "stats.json")
@@ -508,7 +524,7 @@ def _checkpoint_root(where: str | Path) -> Path:
 def find_checkpoint(where: str | Path) -> Path:
     """The checkpoint a run folder (its latest, or the newest older complete one when that one is
     damaged), its ``checkpoints`` folder or a checkpoint folder names; CheckpointError if none is whole."""
-    return usable_checkpoint(_checkpoint_root(where))
+    return usable_checkpoint(_checkpoint_root(where), META_KEYS)
 
 
 def evaluate(
@@ -532,7 +548,7 @@ def evaluate(
     ones); ``grid`` and ``data_parallel`` lay out the ranks as for training. A damaged latest checkpoint
     is passed over for the newest older one that loads (``load_newest``).
     """
-    meta = read_meta(find_checkpoint(checkpoint))
+    meta = read_meta(find_checkpoint(checkpoint), META_KEYS)
     config = config_from(meta["config"], grid=grid, data_parallel=data_parallel)
     config.method = method or config.method
     config.data = data or config.data
@@ -547,7 +563,7 @@ def evaluate(
     def check(path: Path, meta: dict) -> None:
         _check_options(config, path, meta, names=MODEL_OPTIONS)
 
-    path, meta = load_newest(_checkpoint_root(checkpoint), model, check=check)
+    path, meta = load_newest(_checkpoint_root(checkpoint), model, check=check, keys=META_KEYS)
     _, test_set = _datasets(config, Path(config.data), _stats(meta), sharding, stride)
     l2 = relative_l2(model, test_set, sharding, batch_size, where)
     return dict(

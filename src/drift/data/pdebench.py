@@ -120,6 +120,9 @@ class PDEBench3D(torch.utils.data.Dataset):
         stats: normalisation; default: computed from the training trajectories (one all-reduce over the
             mesh), also for a test split. Pass the training set's ``stats`` to a test set.
 
+    The trajectories read to compute the statistics (every one of the file) or, with ``stats`` given, this
+    split's must be finite: a DataError names each trajectory and field that is not, on every rank.
+
     Item i: ``(x, y)`` float tensors ``(fields, t_in, *local block)`` and ``(fields, t_out, *local block)``,
     normalised per field, read as hyperslabs: a rank never reads more than its block (which may be
     empty). Every trajectory is readable on every rank: which ones a rank uses (data parallelism) is
@@ -174,7 +177,9 @@ class PDEBench3D(torch.utils.data.Dataset):
         n_test = max(1, round(trajectories * test_fraction)) if trajectories > 1 else 0
         train = list(range(trajectories - n_test))
         self.trajectories = train if split == "train" else list(range(trajectories - n_test, trajectories))
-        self.stats = stats if stats is not None else self._statistics(train, trajectories)
+        # Every trajectory of the file when computing the statistics, else this split's: they must be finite.
+        sums = self._scan(range(trajectories) if stats is None else self.trajectories, train)
+        self.stats = stats if stats is not None else self._statistics(sums)
         if self.stats.fields != self.fields:
             raise ValueError(f"stats are for fields {self.stats.fields}, the data set reads {self.fields}")
 
@@ -186,31 +191,35 @@ class PDEBench3D(torch.utils.data.Dataset):
         except (OSError, KeyError) as exc:
             raise DataError(f"{self.path}: cannot read dataset {key!r} ({exc})") from None
 
-    def _statistics(self, train: Sequence[int], trajectories: int) -> Stats:
-        """Mean and std per field over every frame and point of the ``train`` trajectories: one all-reduce
-        of the per-rank sums over the mesh (the default group). A mesh dim that does not split the field
-        (data parallel) counts each point once per rank along it, which scales every sum alike and leaves
-        the ratios unchanged. The same pass reads the frames used of every trajectory of the file (the
-        test ones too): non-finite values are a DataError naming each trajectory and field, on every rank."""
+    def _scan(self, scanned: Sequence[int], train: Sequence[int]) -> torch.Tensor:
+        """Read the frames used of the ``scanned`` trajectories: the per-field (count, sum, sum of squares)
+        over those of them in ``train``, all-reduced over the mesh (the default group). Non-finite values
+        are a DataError naming each trajectory and field, on every rank."""
         sums = torch.zeros(len(self.fields), 3, dtype=torch.float64)
-        bad = torch.zeros(len(self.fields), trajectories, dtype=torch.float64)  # non-finite values
+        bad = torch.zeros(len(self.fields), len(scanned), dtype=torch.float64)  # non-finite values
         frames, train = slice(0, self.t_in + self.t_out), set(train)
         for i, key in enumerate(self.fields):
-            for t in range(trajectories):
+            for j, t in enumerate(scanned):
                 block = self._read(key, t, frames).astype(np.float64)
-                bad[i, t] = block.size - np.count_nonzero(np.isfinite(block))
+                bad[i, j] = block.size - np.count_nonzero(np.isfinite(block))
                 if t in train:
                     sums[i] += torch.tensor([block.size, block.sum(), np.square(block).sum()], dtype=torch.float64)
         if self.mesh is not None and self.mesh.size() > 1:
-            sums, bad = comm.all_reduce(torch.cat([sums, bad], 1)).split([3, trajectories], 1)
+            sums, bad = comm.all_reduce(torch.cat([sums, bad], 1)).split([3, len(scanned)], 1)
         if bad.any():
             found = [
-                f"{'training' if t in train else 'test'} trajectory {t} "
-                f"({', '.join(repr(self.fields[i]) for i in bad[:, t].nonzero().flatten().tolist())})"
-                for t in bad.any(0).nonzero().flatten().tolist()
+                f"{'training' if scanned[j] in train else 'test'} trajectory {scanned[j]} "
+                f"({', '.join(repr(self.fields[i]) for i in bad[:, j].nonzero().flatten().tolist())})"
+                for j in bad.any(0).nonzero().flatten().tolist()
             ]
             more = f" and {len(found) - SHOWN} more trajectories" if len(found) > SHOWN else ""
             raise DataError(f"{self.path}: non-finite values (NaN or inf) in {', '.join(found[:SHOWN])}{more}")
+        return sums
+
+    def _statistics(self, sums: torch.Tensor) -> Stats:
+        """Mean and std per field from ``_scan``'s sums over the training trajectories. A mesh dim that does
+        not split the field (data parallel) counts each point once per rank along it, which scales every
+        sum alike and leaves the ratios unchanged."""
         count, total, squares = sums.unbind(1)
         mean = total / count.clamp(min=1)
         std = (squares / count.clamp(min=1) - mean.square()).clamp(min=0).sqrt()
