@@ -140,6 +140,24 @@ def test_truncated_fft_padding_is_explicit_padding(ranks, case):
     ranks.run(math.prod(case[1]), _check_truncated, *case)
 
 
+def _collectives(padding):
+    device = device_for(dist.get_rank())
+    mesh, placements = mesh_for((4, 1, 1))
+    plan = drift.TruncatedFFT((12, 10, 9), (3, 2, 4), mesh, placements, device=device, padding=padding)
+    x = local_block(random_tensor((2, 12, 10, 9), torch.float32, 9), mesh, placements, 1)
+    with drift.comm_log() as log:
+        plan.inverse(plan(x, sharded=True), sharded=True)
+        plan(x)
+    return [(c.kind, c.bytes) for c in log.calls]
+
+
+def test_padding_adds_no_communication(ranks):
+    """The same collectives and bytes with and without padding (only the bases change)."""
+    plain = ranks.run(4, _collectives, None)
+    padded = ranks.run(4, _collectives, [(3, 3), (0, 10), (4, 5)])
+    assert padded == plain and [k for k, _ in plain[0]] == ["reduce_scatter", "all_gather", "all_reduce"]
+
+
 @pytest.mark.parametrize("real", [True, False])
 def test_truncated_fft_padding_one_device(real):
     """No mesh, no process group: values and gradients against explicit padding, and no collective."""
@@ -363,7 +381,7 @@ def test_bad_domain_padding_raises_at_construction():
 
 
 def _dfno_split_padding():
-    mesh, placements = _mesh((2, 1, 1))
+    mesh, placements = _mesh((4, 1, 1))
     errors = []
     for method in ("dfno", "dfno-pruned"):
         model = FNO(1, 1, 4, (2, 2, 2), n_layers=1, method=method, domain_padding=(0.25, 0.0, 0.5))
@@ -376,7 +394,7 @@ def _dfno_split_padding():
 
 
 def test_dfno_padding_of_a_split_dim_is_refused(ranks):
-    for errors in ranks.run(2, _dfno_split_padding):
+    for errors in ranks.run(4, _dfno_split_padding):
         for method, message in zip(("dfno", "dfno-pruned"), errors, strict=True):
             assert f"{method} with domain_padding=(0.25, 0.0, 0.5) pads the tensor" in message
             assert "not supported on spatial dims split over ranks (dims [0])" in message
