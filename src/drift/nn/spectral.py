@@ -212,14 +212,14 @@ class SpectralConv(ComplexModule):
         try:
             modes = self.modes_at(padded)
         except ValueError as exc:
-            where = f" (padded to {padded})" if padded != layout.global_shape else ""
-            raise PlanError(f"{type(self).__name__} at resolution {layout.global_shape}{where}: {exc}") from None
+            note = f" (padded to {padded})" if padded != layout.global_shape else ""
+            raise PlanError(f"{type(self).__name__} at resolution {layout.global_shape}{note}: {exc}") from None
         common = dict(dtype=self._precision(), device=self.weight.device)
+        where = (layout.global_shape, layout.mesh, layout.placements)
         if self.method == "drift":
-            where = (layout.global_shape, layout.mesh, layout.placements)
             return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, padding=padding, **common)
         self.check_padding_split([p > 1 for p in layout.parts])
-        where = (padded, layout.mesh, layout.placements)
+        where = (padded, *where[1:])  # the dfno methods transform the padded tensor
         kind = "r2c" if self.real else "c2c"
         if self.method == "dfno-pruned":
             plan = DistributedFFT(*where, kind=kind, modes=modes, **common)
