@@ -288,7 +288,6 @@ def test_methods_and_resolutions_single_device():
     for dtype in (torch.float64, torch.float32):
         for n in (8, 11, 13):
             x = random_tensor((2, 3, n, 7), dtype, n)
-            want = None
             for method in drift.nn.METHODS:
                 torch.manual_seed(3)
                 layer = SpectralConv(3, 3, (3, 3), method=method, dtype=dtype, domain_padding=(0.3, 0.15))
@@ -296,6 +295,19 @@ def test_methods_and_resolutions_single_device():
                     x.double(), layer.weight.detach().to(torch.complex128), (3, 3), (0.3, 0.15), "symmetric", True
                 )
                 assert rel_err(layer(x), want) <= TOL[dtype], (dtype, n, method)
+
+
+def test_padding_amounts_are_neuraloperators():
+    """The symmetric padding of every resolution is neuraloperator 2.0's DomainPadding's, ties rounded as
+    Python does (2.5 -> 2, 1.5 -> 2)."""
+    padding = pytest.importorskip("neuralop.layers.padding")
+    for fractions in ((0.25, 0.25), (0.3, 0.15), (0.5, 1.0)):
+        layer = SpectralConv(1, 1, (1, 1), domain_padding=fractions)
+        for shape in ((10, 6), (11, 7), (13, 9)):
+            x = random_tensor((1, 1, *shape), torch.float32, 0)
+            want = padding.DomainPadding(list(fractions)).pad(x)
+            pairs = layer.padding_at(shape)
+            assert torch.equal(explicit_pad(x, pairs), want), (fractions, shape, pairs)
 
 
 def reference_padded_fno(model: FNO, x: torch.Tensor, fractions, mode) -> torch.Tensor:
