@@ -4,7 +4,9 @@ A fraction f of a spatial dim of N points pads ``round(f * N)`` zeros (Python's 
 neuraloperator's ``DomainPadding``) on both sides ("symmetric", neuraloperator 2.0's only mode) or after
 the field ("one-sided", neuraloperator's earlier default), recomputed from each resolution met. drift's
 "drift" method pads implicitly through its bases (``TruncatedFFT(padding=...)``); the dfno methods pad
-the tensor (``pad_block``) and crop their output (``crop_block``).
+the tensor (``pad_block``) and crop their output (``crop_block``). For one convolution only the total
+matters: a convolution over the padded period commutes with cyclic shifts, so "symmetric" with p zeros
+a side computes what "one-sided" with 2p does.
 """
 
 from __future__ import annotations
