@@ -9,6 +9,10 @@ and the spectrum is the sum of the partial spectra over ranks: an all-reduce, or
 when every rank keeps only its share of the modes (a chunk of the first mode dim), whose payload is
 the number of retained modes, whatever the grid extents. The inverse applies the adjoint bases to the
 retained spectrum and needs no communication once every rank holds it.
+
+Zero padding is implicit: padding dim i with ``b_i`` zeros before and ``a_i`` after the field only
+changes its basis (extent ``N_i + b_i + a_i``, offsets shifted by ``b_i``), and the inverse is evaluated
+on the N_i real points alone, so no padded tensor exists and the communication is unchanged.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from drift.layout import Layout, dtensor_layout, shift_placements, to_dtensor
 _NORMS = ("backward", "ortho", "forward")
 WORK_BYTES = 64 * 2**20  # the bound on a chunk's intermediates in passes autograd does not record
 ModeSpec = int | Sequence[int]
+PaddingSpec = int | Sequence[int | Sequence[int]]
 
 
 def mode_indices(spec: ModeSpec, n: int, dim: int, half: bool) -> tuple[int, ...]:
@@ -83,6 +88,32 @@ def mode_lists(modes: ModeSpec | Sequence[ModeSpec], global_shape: tuple[int, ..
         mode_indices(spec, n, i, real and i == d - 1)
         for i, (spec, n) in enumerate(zip(modes, global_shape, strict=True))
     )
+
+
+def padding_pairs(padding: PaddingSpec | None, global_shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """``(before, after)`` zeros per dim: None pads nothing; an int p pads p zeros after every dim;
+    a sequence has one entry per dim, an int p (p zeros after) or a pair ``(before, after)``. Each side
+    takes at most the dim's extent N of zeros (ValueError naming ``padding`` otherwise)."""
+    d = len(global_shape)
+    if padding is None:
+        return ((0, 0),) * d
+    if isinstance(padding, int) and not isinstance(padding, bool):
+        padding = (padding,) * d
+    if not isinstance(padding, Sequence) or len(padding) != d:
+        raise ValueError(f"padding needs an int or one entry per dim of global_shape {global_shape}, got {padding!r}")
+    pairs = []
+    for dim, (spec, n) in enumerate(zip(padding, global_shape, strict=True)):
+        pair = (0, spec) if isinstance(spec, int) and not isinstance(spec, bool) else spec
+        if (
+            not isinstance(pair, Sequence)
+            or len(pair) != 2
+            or any(isinstance(p, bool) or not isinstance(p, int) for p in pair)
+        ):
+            raise ValueError(f"padding on dim {dim} must be an int or a pair (before, after) of ints, got {spec!r}")
+        if not all(0 <= p <= n for p in pair):
+            raise ValueError(f"padding on dim {dim}: {spec!r} must be between 0 and the extent {n} on each side")
+        pairs.append(tuple(pair))
+    return tuple(pairs)
 
 
 def _stage_flops(rest: int, n: int, k: int, real: bool) -> int:
@@ -178,8 +209,8 @@ class TruncatedFFT(ComplexModule):
 
     Args:
         global_shape: extents ``(N1, ..., Nd)`` of the transformed (last d) dims.
-        modes: per dim an int k or an explicit sequence of frequency indices (see ``mode_indices``);
-            a bare int applies to every dim.
+        modes: per dim an int k or an explicit sequence of frequency indices (see ``mode_indices``)
+            of the padded extent; a bare int applies to every dim.
         mesh: a ``DeviceMesh`` (any number of dims), or None for one device.
         placements: one per mesh dim, as for a DTensor of shape ``global_shape`` (``Shard(i)`` splits
             transformed dim i in ``torch.chunk`` blocks; see ``drift.Layout``). Default: all Replicate.
@@ -191,11 +222,18 @@ class TruncatedFFT(ComplexModule):
         norm: "backward", "ortho" or "forward", as in ``torch.fft``.
         strict: if False, inputs of another floating dtype or device are converted to the plan's;
             a wrong local shape is an error either way.
+        padding: implicit zero padding (``padding_pairs``): an int p (p zeros after every dim), or per
+            dim an int p or a pair ``(before, after)``, at most N zeros a side. ``forward`` gives the
+            retained modes of the transform of the padded field (``torch.nn.functional.pad`` then
+            ``fftn``; norms use the padded extents), ``inverse`` the inverse transform over the padded
+            extents at the N real points only (``ifftn`` then a crop). Layouts, inputs and outputs keep
+            the real extents; no padded tensor is made and the collectives are unchanged.
 
     Inputs are this rank's block (a plain tensor ``(*batch, *layout.local_shape)``) or a DTensor of the
     global field with the plan's mesh and placements (outputs are then DTensors too).
 
-    Attributes: ``layout`` (a ``drift.Layout``), ``modes`` (kept indices per dim), ``mode_shape``
+    Attributes: ``layout`` (a ``drift.Layout``), ``padding`` (``(before, after)`` per dim),
+    ``padded_shape`` (the transform's extents), ``modes`` (kept indices per dim), ``mode_shape``
     ``(K1, ..., Kd)``, ``num_modes`` M, ``local_shape``, ``local_slices``, ``order`` (dims in
     contraction order, FLOP-optimal), ``flops`` (real FLOPs of the local forward for one field; the
     inverse costs the same).
@@ -214,6 +252,7 @@ class TruncatedFFT(ComplexModule):
         device: torch.device | str | None = None,
         norm: str = "backward",
         strict: bool = True,
+        padding: PaddingSpec | None = None,
     ) -> None:
         super().__init__()
         cdtype = complex_dtype(dtype)
@@ -221,7 +260,9 @@ class TruncatedFFT(ComplexModule):
             raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
         self.layout = Layout(global_shape, mesh, placements)
         self.global_shape = self.layout.global_shape
-        self.modes = mode_lists(modes, self.global_shape, real)
+        self.padding = padding_pairs(padding, self.global_shape)
+        self.padded_shape = tuple(n + b + a for n, (b, a) in zip(self.global_shape, self.padding, strict=True))
+        self.modes = mode_lists(modes, self.padded_shape, real)
         self.real = real
         self.norm = norm
         self.strict = strict
@@ -250,9 +291,11 @@ class TruncatedFFT(ComplexModule):
         return getattr(self, self._forward_stages[0].name).device
 
     def extra_repr(self) -> str:
+        padded = f", padding={self.padding}" if any(b or a for b, a in self.padding) else ""
         return (
-            f"global_shape={self.global_shape}, mode_shape={self.mode_shape}, layout={self.layout.placements}, "
-            f"real={self.real}, dtype={self.dtype}, norm={self.norm!r}, order={self.order}"
+            f"global_shape={self.global_shape}{padded}, mode_shape={self.mode_shape}, "
+            f"layout={self.layout.placements}, real={self.real}, dtype={self.dtype}, norm={self.norm!r}, "
+            f"order={self.order}"
         )
 
     @torch.inference_mode(False)
@@ -268,16 +311,18 @@ class TruncatedFFT(ComplexModule):
         return self
 
     def _basis(self, dim: int) -> torch.Tensor:
-        """B_dim[k, j] = exp(-2 pi i f_k (o + j) / N) in float64, phases reduced exactly mod N."""
-        n_global = self.global_shape[dim]
+        """B_dim[k, j] = exp(-2 pi i f_k (b + o + j) / N) in float64 over the padded extent N, the block's
+        points placed after the b leading zeros; phases reduced exactly mod N."""
+        n_padded = self.padded_shape[dim]
         f = torch.tensor(self.modes[dim], dtype=torch.int64)
-        j = torch.arange(self.local_slices[dim].start, self.local_slices[dim].stop, dtype=torch.int64)
-        phase = (f[:, None] * j[None, :]) % n_global
-        angle = phase.to(torch.float64) * (-2 * math.pi / n_global)
+        start = self.padding[dim][0] + self.local_slices[dim].start
+        j = torch.arange(start, start + self.local_shape[dim], dtype=torch.int64)
+        phase = (f[:, None] * j[None, :]) % n_padded
+        angle = phase.to(torch.float64) * (-2 * math.pi / n_padded)
         return torch.polar(torch.ones_like(angle), angle)
 
     def _scale(self, dim: int, inverse: bool) -> float:
-        n = self.global_shape[dim]
+        n = self.padded_shape[dim]
         if self.norm == "ortho":
             return 1 / math.sqrt(n)
         return 1 / n if (self.norm == "forward") != inverse else 1.0
@@ -335,8 +380,8 @@ class TruncatedFFT(ComplexModule):
         return tuple(stages)
 
     def _half_spectrum_weights(self) -> torch.Tensor:
-        """irfft's weights on the last dim: 1 for DC and an even extent's Nyquist, 2 for the others."""
-        n = self.global_shape[-1]
+        """irfft's weights on the last dim: 1 for DC and an even (padded) extent's Nyquist, 2 for the others."""
+        n = self.padded_shape[-1]
         return torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in self.modes[-1]], dtype=torch.float64)
 
     def share_slice(self, coordinate: Sequence[int] | None = None) -> slice:
@@ -391,7 +436,7 @@ class TruncatedFFT(ComplexModule):
         return spec.view(*batch, *self.mode_shape)
 
     def forward(self, x: torch.Tensor, sharded: bool = False) -> torch.Tensor:
-        """Retained modes of the global field.
+        """Retained modes of the global field (zero padded as ``padding`` says).
 
         Args:
             x: this rank's block ``(*batch, n1_loc, ..., nd_loc)`` (real for a real plan, complex
@@ -411,7 +456,8 @@ class TruncatedFFT(ComplexModule):
         return share.view(*batch, *share.shape[1:])
 
     def inverse(self, xhat: torch.Tensor, sharded: bool = False) -> torch.Tensor:
-        """This rank's block of the inverse transform of the zero-filled spectrum.
+        """This rank's block of the inverse transform of the zero-filled spectrum (over the padded
+        extents, at the real points).
 
         Args:
             xhat: ``sharded=False``: ``(*batch, K1, ..., Kd)`` complex, the same on every rank (no

@@ -98,6 +98,15 @@ class FNO(nn.Module):
 
     Built on one device it is an ordinary module taking plain tensors; ``drift.nn.parallelize(model,
     mesh, placements)`` makes it take and return DTensors, its spectral weights sharded over the mesh.
+
+    ``domain_padding`` (a fraction of each spatial extent, one number or one per dim, in [0, 1]) and
+    ``domain_padding_mode`` ("symmetric" or "one-sided") take neuraloperator 2.0's values but pad per
+    layer: every spectral convolution sees its input zero-padded by ``round(fraction * N)`` points
+    and returns the N real points (``SpectralConv``); the lift, the pointwise layers and the projection
+    see only real points. neuraloperator instead pads once after the lift and crops before the
+    projection, so its padded region carries values from block to block: the same weights give
+    different functions in the two libraries. Per-layer padding is what implicit padding (no padded
+    tensor) can compute.
     """
 
     def __init__(
@@ -112,16 +121,19 @@ class FNO(nn.Module):
         projection_width: int = PROJECTION_WIDTH,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        domain_padding: float | Sequence[float] | None = None,
+        domain_padding_mode: str = "symmetric",
     ) -> None:
         super().__init__()
         if n_layers < 1:
             raise ValueError(f"n_layers must be at least 1, got {n_layers}")
         factory = dict(dtype=dtype, device=device)
+        padding = dict(domain_padding=domain_padding, domain_padding_mode=domain_padding_mode)
         self.lift = PointwiseLinear(in_channels, width, **factory)
         self.spectral = nn.ModuleList()
         self.pointwise = nn.ModuleList()
         for _ in range(n_layers):
-            self.spectral.append(SpectralConv(width, width, modes, method=method, **factory))
+            self.spectral.append(SpectralConv(width, width, modes, method=method, **padding, **factory))
             self.pointwise.append(PointwiseLinear(width, width, **factory))
         self.project_hidden = PointwiseLinear(width, projection_width, **factory)
         self.project_out = PointwiseLinear(projection_width, out_channels, **factory)

@@ -50,13 +50,18 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
     stays a plain tensor replicated on every rank. drift reduces the gradients itself (no DDP or FSDP
     wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over ranks of each
     rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
-    synchronised nor reduced, so they are refused (ValueError naming them).
+    synchronised nor reduced, so they are refused (ValueError naming them), and so is a dfno layer's
+    ``domain_padding`` on a spatial dim the mesh splits (PlanError); both before any collective.
     """
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
     if d is None:
         raise ValueError("parallelize found no drift.nn.SpectralConv in the model")
     placements = tuple(Shard(p.dim % (2 + d)) if isinstance(p, Shard) else p for p in placements)
-    data_axes, _ = _roles(mesh, placements, d)
+    data_axes, spatial_axes = _roles(mesh, placements, d)
+    split = [any(placements[a].dim == 2 + i and mesh.size(a) > 1 for a in spatial_axes) for i in range(d)]
+    for module in model.modules():
+        if isinstance(module, SpectralConv):
+            module.check_padding_split(split)
     handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | PointwiseLinear) for p in m.parameters()}
     other = [name for name, p in model.named_parameters() if id(p) not in handled]
     if other:

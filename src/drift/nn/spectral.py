@@ -5,11 +5,12 @@ All three compute, on every rank's block, the single-device FNO spectral convolu
     y = irfftn(zero_fill(einsum("bi...,io...->bo...", rfftn(x)[modes], W)), s=x.shape[2:])
 
 (fftn / ifftn for complex fields) with the weight ``W`` of shape ``(in, out, K1, ..., Kd)`` over the
-retained modes, per dim ``0..k-1`` then ``-k..-1`` (``0..k-1`` on the last dim of a real layer). The
-resolution comes from the input: a plan is built for each global shape the layer meets and kept in a
-small cache. Built on one device the layer is an ordinary module; ``drift.nn.parallelize`` makes it
-distributed, and the methods differ in how the spectrum is reached and which share of ``W`` a rank
-stores (its ``weight`` is then a DTensor):
+retained modes, per dim ``0..k-1`` then ``-k..-1`` (``0..k-1`` on the last dim of a real layer). With
+``domain_padding`` ``x`` is zero-padded first, the modes are those of the padded extents, and ``y`` is
+cropped back to ``x``'s points (``drift.nn.padding``). The resolution comes from the input: a plan is
+built for each global shape the layer meets and kept in a small cache. Built on one device the layer
+is an ordinary module; ``drift.nn.parallelize`` makes it distributed, and the methods differ in how
+the spectrum is reached and which share of ``W`` a rank stores (its ``weight`` is then a DTensor):
 
 - "drift": a ``TruncatedFFT`` (partial DFTs, one reduce-scatter, one all-gather; the payload depends
   only on the number of modes); ``W`` is sharded on K1 (``Shard(2)`` on every spatial mesh dim).
@@ -33,6 +34,7 @@ from drift._plan import ComplexModule, complex_dtype, real_dtype
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
 from drift.layout import Layout, dtensor_layout, to_dtensor
+from drift.nn.padding import check_padding_mode, crop_block, pad_block, padding_at, padding_fractions
 from drift.profiling import phase
 from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
 
@@ -97,6 +99,12 @@ class SpectralConv(ComplexModule):
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
         dtype, device: the weight's real precision (float32 or float64; default torch's default dtype)
             and device.
+        domain_padding: zero padding of the input as a fraction of each spatial extent (one number,
+            or one per dim, in [0, 1]): ``round(fraction * N)`` zeros, recomputed at every resolution,
+            as neuraloperator 2.0's ``domain_padding``. "drift" pads implicitly (its bases; no padded
+            tensor, the same communication); the dfno methods pad the tensor, which on a mesh they
+            support only on dims whole on every rank (``parallelize`` refuses the others).
+        domain_padding_mode: "symmetric" (both sides, neuraloperator 2.0) or "one-sided" (after).
 
     ``weight``: ``(in, out, K1, ..., Kd)`` complex, initialised as Li et al. from torch's default
     generator. Input and output are plain tensors on one device, or DTensors once the layer (or its
@@ -114,6 +122,8 @@ class SpectralConv(ComplexModule):
         real: bool = True,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        domain_padding: float | Sequence[float] | None = None,
+        domain_padding_mode: str = "symmetric",
     ) -> None:
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
@@ -124,6 +134,8 @@ class SpectralConv(ComplexModule):
         self.in_channels, self.out_channels, self.method, self.real = in_channels, out_channels, method, real
         self.mode_shape = mode_counts(modes, real)
         self.mode_spec = tuple(m if isinstance(m, int) else tuple(m) for m in modes)
+        self.domain_padding = padding_fractions(domain_padding, len(self.mode_shape))
+        self.domain_padding_mode = check_padding_mode(domain_padding_mode)
         w = spectral_weight(in_channels, out_channels, self.mode_shape, dtype)
         self.weight = nn.Parameter(w.to(device))
         self.mesh = None
@@ -134,6 +146,8 @@ class SpectralConv(ComplexModule):
 
     def extra_repr(self) -> str:
         where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
+        if any(self.domain_padding):
+            where = f", domain_padding={self.domain_padding} ({self.domain_padding_mode}){where}"
         return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -156,8 +170,24 @@ class SpectralConv(ComplexModule):
         return len(self.mode_shape)
 
     def modes_at(self, global_shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-        """The retained frequency indices per dim at a resolution (ValueError if they do not fit)."""
+        """The retained frequency indices per dim of a transform of these extents (the padded ones when
+        the layer pads; ValueError if they do not fit)."""
         return mode_lists(self.mode_spec, tuple(global_shape), self.real)
+
+    def padding_at(self, global_shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """``(before, after)`` zeros per dim the layer pads an input of this resolution with."""
+        return padding_at(self.domain_padding, self.domain_padding_mode, global_shape)
+
+    def check_padding_split(self, split: Sequence[bool]) -> None:
+        """PlanError when a dfno method would pad a dim split over ranks (``split[i]``): padding changes
+        the dim's ``torch.chunk`` blocks, which its transposes would have to redistribute."""
+        dims = [i for i, (f, s) in enumerate(zip(self.domain_padding, split, strict=True)) if f and s]
+        if self.method != "drift" and dims:
+            raise PlanError(
+                f"{self.method} with domain_padding={self.domain_padding} pads the tensor, which is not supported "
+                f"on spatial dims split over ranks (dims {dims}): use method='drift' (implicit padding) or pad "
+                "only the dims the mesh leaves whole"
+            )
 
     # Plans, one per layout met.
 
@@ -177,14 +207,19 @@ class SpectralConv(ComplexModule):
 
     @torch.inference_mode(False)  # a plan first built in an inference pass must serve training later
     def _build_plan(self, layout: Layout) -> nn.Module:
+        padding = self.padding_at(layout.global_shape)
+        padded = tuple(n + b + a for n, (b, a) in zip(layout.global_shape, padding, strict=True))
         try:
-            modes = self.modes_at(layout.global_shape)
+            modes = self.modes_at(padded)
         except ValueError as exc:
-            raise PlanError(f"{type(self).__name__} at resolution {layout.global_shape}: {exc}") from None
+            note = f" (padded to {padded})" if padded != layout.global_shape else ""
+            raise PlanError(f"{type(self).__name__} at resolution {layout.global_shape}{note}: {exc}") from None
         common = dict(dtype=self._precision(), device=self.weight.device)
         where = (layout.global_shape, layout.mesh, layout.placements)
         if self.method == "drift":
-            return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, **common)
+            return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, padding=padding, **common)
+        self.check_padding_split([p > 1 for p in layout.parts])
+        where = (padded, *where[1:])  # the dfno methods transform the padded tensor
         kind = "r2c" if self.real else "c2c"
         if self.method == "dfno-pruned":
             plan = DistributedFFT(*where, kind=kind, modes=modes, **common)
@@ -284,13 +319,14 @@ class SpectralConv(ComplexModule):
                 mixed = mix_channels(shares, w)
             with phase("transform"):
                 return plan.inverse(mixed, sharded=True)
+        padding = self.padding_at(layout.global_shape)
         with phase("transform"):
-            spectrum = plan(x)
+            spectrum = plan(pad_block(x, padding))
         if self.method == "dfno-pruned":
             with phase("multiply"):
                 mixed = mix_channels(spectrum, w)
             with phase("transform"):
-                return plan.inverse(mixed)
+                return crop_block(plan.inverse(mixed), padding)
         with phase("multiply"):
             positions, offsets = self._dfno_index[_plan_key(layout)]
             device = spectrum.device
@@ -299,7 +335,7 @@ class SpectralConv(ComplexModule):
             block = mixed.new_zeros(*mixed.shape[:2], *spectrum.shape[2:])
             block[(..., *(o.to(device) for o in offsets))] = mixed
         with phase("transform"):
-            return plan.inverse(block)
+            return crop_block(plan.inverse(block), padding)
 
 
 def layout_of(x: torch.Tensor, d: int, mesh, placements) -> tuple[Layout, torch.Tensor]:
