@@ -7,8 +7,8 @@ from drift.data.pdebench import (
     DataError,
     PDEBench3D,
     Stats,
+    held_out_trajectories,
     read_layout,
-    test_trajectories,
     write_pdebench3d,
 )
 
@@ -20,6 +20,6 @@ __all__ = [
     "Stats",
     "generate",
     "read_layout",
-    "test_trajectories",
+    "held_out_trajectories",
     "write_pdebench3d",
 ]

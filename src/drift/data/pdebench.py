@@ -70,7 +70,7 @@ def write_pdebench3d(
             f.attrs[key] = value
 
 
-def test_trajectories(trajectories: int, rule: str = "last", fraction: float = 0.1) -> range:
+def held_out_trajectories(trajectories: int, rule: str = "last", fraction: float = 0.1) -> range:
     """The test trajectories of a file holding ``trajectories``; the others are the training set.
 
     ``rule``: "last": the last ``round(fraction * trajectories)``, at least one when the file holds two or
@@ -133,7 +133,7 @@ class PDEBench3D(torch.utils.data.Dataset):
         split: "train" or "test": which side of the split ``split_rule`` makes.
         split_rule: "last" (the test set is the last ``test_fraction`` of the trajectories, at least one
             when the file holds two or more) or "pdebench" (the first ``int(test_fraction * trajectories)``,
-            as PDEBench's loaders); see ``test_trajectories``.
+            as PDEBench's loaders); see ``held_out_trajectories``.
         region: per spatial dim a (start, stop) range of the file's grid (default: all of it).
         stride: keep every stride-th point per dim (an int for all dims, or one per dim): downsampling.
         stats: normalisation; default: computed from the training trajectories (one all-reduce over the
@@ -191,7 +191,7 @@ class PDEBench3D(torch.utils.data.Dataset):
             slice(r[s.start], r[s.stop - 1] + 1, r.step) if s.stop > s.start else slice(0, 0)
             for r, s in zip(selected, self.layout.local_slices, strict=True)
         )
-        test = test_trajectories(trajectories, split_rule, test_fraction)
+        test = held_out_trajectories(trajectories, split_rule, test_fraction)
         train = [t for t in range(trajectories) if t not in test]
         self.trajectories = train if split == "train" else list(test)
         self.stats = stats if stats is not None else self._statistics(train, trajectories)
