@@ -106,25 +106,27 @@ def _fails_naming(capsys, argv, names) -> None:
 
 def test_pdebench_split_is_recorded_used_again_and_measured(ranks, data, tmp_path, capsys):
     run = tmp_path / "run"
-    history = ranks.run(4, _train, _config(data, run, split="pdebench", grid=(4, 1, 1)))[0]
+    history = ranks.run(4, _train, _config(data, run, split="pdebench", grid=(4, 1, 1), epochs=1))[0]
     record = json.loads((run / TEST_METRICS).read_text())
-    assert record["split"] == "pdebench" and record["epoch"] == 2
+    assert record["split"] == "pdebench" and record["epoch"] == 1
     assert record["test_rel_l2"] == history[-1]["test_rel_l2"]
     want = _reference(str(run), data)
     assert want["frmse_low"] is not None and want["frmse_mid"] is None  # 7 x 6 x 5: bins 0 and 1 only
     _close(record["pdebench"], want, 1e-5)  # the 4 ranks' float32 forward against one device's
+    # A resume with the other split is refused naming the option, before any rank starts.
+    with pytest.raises(CheckpointError, match="--split is last, the run was trained with pdebench"):
+        resume_point(_config(data, run, split="last", resume=True))
+    resume = ["train", "--data", data, "--out", str(run), "--resume", "--epochs", "2", "--lr", "0.01", *TINY]
+    _fails_naming(capsys, resume, "--split is last")
+    assert main([*resume, "--split", "pdebench"]) == 0
+    assert json.loads((run / TEST_METRICS).read_text())["epoch"] == 2
+    # Evaluation on one rank and on a 2 x 2 pencil uses the recorded split.
+    want = _reference(str(run), data)
     one = ranks.run(1, _evaluate, str(run), {})[0]
-    assert one["split"] == "pdebench" and one["test_trajectories"] == 1
+    assert one["split"] == "pdebench" and one["test_trajectories"] == 1 and one["epoch"] == 2
     _close(one["pdebench"], want, 1e-5)
     for result in ranks.run(4, _evaluate, str(run), dict(grid=(2, 2, 1))):
         _close(result["pdebench"], one["pdebench"], 1e-5)
-    # A resume with the other split is refused naming the option, before any rank starts.
-    with pytest.raises(CheckpointError, match="--split is last, the run was trained with pdebench"):
-        resume_point(_config(data, run, split="last", resume=True, epochs=3))
-    resume = ["train", "--data", data, "--out", str(run), "--resume", "--epochs", "3", "--lr", "0.01", *TINY]
-    _fails_naming(capsys, resume, "--split is last")
-    assert main([*resume, "--split", "pdebench"]) == 0
-    assert json.loads((run / TEST_METRICS).read_text())["epoch"] == 3
     report = tmp_path / "eval.json"
     assert main(["evaluate", str(run), "--json", str(report)]) == 0
     out = capsys.readouterr().out

@@ -436,8 +436,10 @@ def train(config: TrainConfig) -> list[dict]:
     """Train on this rank's blocks (call on every rank of the default group, or alone); returns the
     per-epoch metrics (the same on every rank). Rank 0 holds ``config.out``'s lock (FolderInUse if
     another run does) and writes ``metrics.jsonl``, ``stats.json``, ``checkpoints/``, and at the end
-    ``loss.png`` and ``slice.png``. A non-finite loss or gradient norm raises NonFiniteError before the
-    optimizer step, or with ``on_nan="skip-batch"`` skips the batch (``skipped_batches`` per epoch)."""
+    ``loss.png``, ``slice.png`` and ``test_metrics.json`` (the final model's relative L2 and PDEBench
+    metrics, after a run that reached its last epoch). A non-finite loss or gradient norm raises
+    NonFiniteError before the optimizer step, or with ``on_nan="skip-batch"`` skips the batch
+    (``skipped_batches`` per epoch)."""
     with _one_writer(Path(config.out)):
         return _train(config)
 
@@ -599,7 +601,8 @@ def evaluate(
     device="cpu",
     batch_size: int = 2,
 ) -> dict:
-    """Relative L2 on the test split of a checkpoint's model, on however many ranks call this.
+    """Relative L2 and PDEBench's metrics (``drift.metrics``, on the de-normalised fields) of a checkpoint's
+    model on its run's test split (the run's ``split``), on however many ranks call this.
 
     ``checkpoint``: a run folder (its latest checkpoint), its ``checkpoints`` folder or one checkpoint.
     ``data`` defaults to the file the run trained on, at its own resolution or at ``resolution``
@@ -607,7 +610,8 @@ def evaluate(
     same weights at any resolution, zero-shot super-resolution above the training one. ``method``
     defaults to the run's (any method loads any other's checkpoint: the weights are the same global
     ones); ``grid`` and ``data_parallel`` lay out the ranks as for training. A damaged latest checkpoint
-    is passed over for the newest older one that loads (``load_newest``).
+    is passed over for the newest older one that loads (``load_newest``). Returns a dict: the checkpoint,
+    where it was trained, ``split``, ``test_rel_l2`` and ``pdebench`` (``PDEBenchMetrics.compute``'s).
     """
     meta = read_meta(find_checkpoint(checkpoint))
     config = config_from(saved_config(meta), grid=grid, data_parallel=data_parallel)
