@@ -3,6 +3,7 @@ formulas on the whole fields, on 1 and 4 ranks (slab, pencil, uneven and empty s
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -67,6 +68,7 @@ def pdebench_reference(pred: np.ndarray, true: np.ndarray, low=4, high=12) -> di
     return {name: None if v is None else float(v.mean()) for name, v in per_ct.items()}
 
 
+@functools.cache
 def _reference(shape) -> dict:
     pred, true = _fields(shape)
     return pdebench_reference(*(t.permute(0, 2, 3, 4, 5, 1).numpy() for t in (pred, true)))
@@ -135,7 +137,9 @@ def test_bands_follow_the_grid():
     assert abs(got["per_field"]["density"]["rmse"] - density["rmse"]) <= 1e-12 * density["rmse"]
 
 
-def test_blocks_of_another_shape_are_refused():
+def test_blocks_of_another_shape_or_trajectory_are_refused():
     metrics = PDEBenchMetrics(Layout((4, 4, 4)), FIELDS, TIMES, 2)
     with pytest.raises(ValueError, match="blocks"):
         metrics.update(torch.zeros(1, 2, 4, 4, 3, TIMES), torch.zeros(1, 2, 4, 4, 3, TIMES), [0])
+    with pytest.raises(ValueError, match=r"0\.\.1"):
+        metrics.update(torch.zeros(1, 2, 4, 4, 4, TIMES), torch.zeros(1, 2, 4, 4, 4, TIMES), [2])

@@ -107,6 +107,8 @@ class PDEBenchMetrics:
             raise ValueError(
                 f"pred {tuple(pred.shape)} and true {tuple(true.shape)} must both be this rank's blocks {expected}"
             )
+        if any(not 0 <= t < self._sums.shape[0] for t in trajectories):
+            raise ValueError(f"trajectories {list(trajectories)}: each must be in 0..{self._sums.shape[0] - 1}")
         rows = torch.as_tensor(list(trajectories), dtype=torch.long, device=self.device)
         true = true.to(self.device, torch.float64)
         err = pred.to(self.device, torch.float64) - true
