@@ -210,7 +210,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from drift.checkpoint import CheckpointError
     from drift.data import DataError
     from drift.launch import RankError, launched
-    from drift.train import ConfigError, find_checkpoint
+    from drift.train import ConfigError, find_checkpoint, format_pdebench
 
     kwargs = dict(
         checkpoint=args.checkpoint,
@@ -235,8 +235,9 @@ def _evaluate(args: argparse.Namespace) -> int:
             f"test relative L2 {result['test_rel_l2']:.4f} over {result['test_trajectories']} trajectories "
             f"at {'x'.join(map(str, result['resolution']))} ({result['method']} on {result['ranks']} ranks; epoch "
             f"{result['epoch']} checkpoint from {result['trained_on']} ranks at "
-            f"{'x'.join(map(str, result['trained_resolution']))})"
+            f"{'x'.join(map(str, result['trained_resolution']))}; {result['split']} split)"
         )
+        print(f"PDEBench metrics (physical units): {format_pdebench(result['pdebench'])}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train(commands) -> None:
+    from drift.data import SPLITS
     from drift.nn import METHODS
     from drift.train import ON_NAN, TrainConfig
 
@@ -345,6 +347,13 @@ def _add_train(commands) -> None:
     )
     train.add_argument("--t-in", type=positive(int), default=d.t_in, help="input frames")
     train.add_argument("--t-out", type=positive(int), default=d.t_out, help="predicted frames")
+    train.add_argument(
+        "--split",
+        choices=SPLITS,
+        default=d.split,
+        help="the test trajectories: the last 10%% (rounded, at least one; default) or PDEBench's first "
+        "int(10%%), as its loaders take them; recorded in the run, used again by --resume and drift evaluate",
+    )
     train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     train.add_argument(
         "--on-nan",
@@ -361,7 +370,8 @@ def _add_evaluate(commands) -> None:
 
     ev = commands.add_parser(
         "evaluate",
-        help="relative L2 of a trained checkpoint on the test split, on any number of ranks and at any resolution",
+        help="relative L2 and PDEBench's metrics of a trained checkpoint on its run's test split, on any number "
+        "of ranks and at any resolution",
     )
     ev.add_argument("checkpoint", help="a run folder (its latest checkpoint) or one checkpoint folder")
     ev.add_argument("--data", help="data file (default: the one the run trained on), at any resolution")

@@ -317,6 +317,18 @@ def all_reduce(x: torch.Tensor, *, group=None) -> torch.Tensor:
     return _AllReduce.apply(x, group)
 
 
+def all_reduce_max(x: torch.Tensor, *, group=None) -> torch.Tensor:
+    """Elementwise maximum of a real ``x`` over the ranks of ``group``, on every rank (a new tensor; not
+    differentiable)."""
+    out = x.clone(memory_format=torch.contiguous_format)
+    size = world_size(group)
+    if size > 1:
+        n = out.numel() * out.element_size()
+        with _recorded("all_reduce_max", n, 2 * (size - 1) * n // size, size):
+            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return out
+
+
 def sum_to_replicated(x: torch.Tensor, *, group=None) -> torch.Tensor:
     """Sum of ``x`` over the ranks of ``group`` (a new tensor), under DTensor's gradient convention: the
     result is one replicated value whose gradient is already the same whole gradient on every rank, so

@@ -15,7 +15,10 @@ DTensors), so the same seed gives the same run on any number of ranks and any me
 Loss: the mean squared error over the global batch (each rank's loss is its share of the sum, so
 their sum is the global loss, torch.distributed's convention; drift sums the gradients over the mesh
 itself). Test metric: the relative L2 error ``||pred - true|| / ||true||`` of each test trajectory over
-its whole normalised field (every field, time and point), averaged over the trajectories.
+its whole normalised field (every field, time and point), averaged over the trajectories; after the
+last epoch and in ``evaluate`` also PDEBench's metrics (``drift.metrics``) on the physical fields.
+The test set is the last 10% of the file's trajectories (``split="last"``) or PDEBench's first 10%
+(``split="pdebench"``); the run records it, and a resumed run or an evaluation uses the same.
 
 Guards: rank 0 holds the run folder's lock for the whole run (``drift.checkpoint.folder_lock``); every
 step all-reduces one flag for a non-finite loss or gradient norm on any rank, and before the optimizer
@@ -54,9 +57,10 @@ from drift.checkpoint import (
     save_checkpoint,
     usable_checkpoint,
 )
-from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
+from drift.data import FIELDS, SPLITS, PDEBench3D, Stats, generate, held_out_trajectories, read_layout
 from drift.launch import GROUP_TIMEOUT_S, launched, process_group
 from drift.layout import chunk_sizes, chunk_slice, device_mesh, to_dtensor
+from drift.metrics import PDEBenchMetrics
 from drift.nn import FNO, METHODS, parallelize
 from drift.truncated import mode_lists
 
@@ -71,6 +75,8 @@ MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out")
 META_KEYS = ("epoch", "world_size", "config", "stats", "global_shape", "history")
 # What a non-finite loss or gradient norm does: stop the run, or skip that batch.
 ON_NAN = ("stop", "skip-batch")
+# Options checkpoints written before the option existed were trained with.
+LEGACY_OPTIONS = dict(split="last")
 
 
 class ConfigError(ValueError):
@@ -104,6 +110,7 @@ class TrainConfig:
     t_out: int = 16
     progress: bool = True
     on_nan: str = "stop"
+    split: str = "last"
 
 
 def config_from(options: dict, **changes) -> TrainConfig:
@@ -142,6 +149,8 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {config.method!r}")
     if config.on_nan not in ON_NAN:
         raise ConfigError(f"--on-nan must be one of {', '.join(ON_NAN)}, got {config.on_nan!r}")
+    if config.split not in SPLITS:
+        raise ConfigError(f"--split must be one of {', '.join(SPLITS)}, got {config.split!r}")
     if config.device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
     if config.device == "cuda":
@@ -156,12 +165,25 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         resume_point(config)
     if config.data is None:
         return
-    _, frames, *extents = read_layout(config.data)
+    trajectories, frames, *extents = read_layout(config.data)
+    check_split(config.split, trajectories, config.data)
     if frames < config.t_in + config.t_out:
         raise ConfigError(
             f"--t-in + --t-out = {config.t_in + config.t_out} exceeds the {frames} frames of {config.data}"
         )
     check_resolution(config, extents, world_size)
+
+
+def check_split(split: str, trajectories: int, data: str | Path) -> None:
+    """ConfigError naming ``--split`` unless its rule leaves ``data``'s trajectories both a training and a
+    test set."""
+    test = len(held_out_trajectories(trajectories, split))
+    if test == 0 or test == trajectories:
+        rule = "int(0.1 x N) first" if split == "pdebench" else "round(0.1 x N) last (at least one)"
+        raise ConfigError(
+            f"--split {split}: {data} holds {trajectories} trajectories, and the {rule} leaves {test} to test and "
+            f"{trajectories - test} to train on; PDEBench's rule needs at least 10 (--split last needs 2)"
+        )
 
 
 def spatial_grid(config: TrainConfig, world_size: int) -> tuple[int, ...]:
@@ -288,15 +310,36 @@ def _global_sum(t: torch.Tensor) -> torch.Tensor:
     return comm.all_reduce(t) if comm.world_size() > 1 else t
 
 
+def pdebench_metrics(dataset: PDEBench3D, device) -> PDEBenchMetrics:
+    """An accumulator of PDEBench's metrics over ``dataset``'s trajectories, laid out as its blocks."""
+    return PDEBenchMetrics(dataset.layout, dataset.fields, dataset.t_out, len(dataset), device=device)
+
+
 @torch.no_grad()
-def relative_l2(model: FNO, dataset: PDEBench3D, sharding: Sharding, batch_size: int, device) -> float:
-    """Mean over ``dataset``'s trajectories of ``||pred - true|| / ||true||`` over each whole field."""
+def relative_l2(
+    model: FNO,
+    dataset: PDEBench3D,
+    sharding: Sharding,
+    batch_size: int,
+    device,
+    pdebench: PDEBenchMetrics | None = None,
+) -> float:
+    """Mean over ``dataset``'s trajectories of ``||pred - true|| / ||true||`` over each whole field. The
+    same pass gives ``pdebench`` (when given) the physical fields: prediction and truth de-normalised
+    with the data set's statistics, in float64."""
     sums = torch.zeros(len(dataset), 2, dtype=torch.float64, device=device)
+    shape = (1, -1, 1, 1, 1, 1)
+    mean, std = (
+        torch.tensor(v, dtype=torch.float64, device=device).view(shape) for v in (dataset.stats.mean, dataset.stats.std)
+    )
     for start in range(0, len(dataset), batch_size):
         indices = range(start, min(start + batch_size, len(dataset)))
         x, y = _batch(dataset, indices, sharding, device)
-        err = (_local(model(x)) - y).square().flatten(1).sum(1, dtype=torch.float64)
+        pred = _local(model(x))
+        err = (pred - y).square().flatten(1).sum(1, dtype=torch.float64)
         sums[sharding.share(indices)] += torch.stack([err, y.square().flatten(1).sum(1, dtype=torch.float64)], 1)
+        if pdebench is not None:
+            pdebench.update(pred.double() * std + mean, y.double() * std + mean, sharding.share(indices))
     total = _global_sum(sums)
     return float((total[:, 0] / total[:, 1]).sqrt().mean())
 
@@ -308,13 +351,17 @@ def _stats(meta: dict) -> Stats:
 def _datasets(
     config: TrainConfig, data: Path, stats: Stats | None, sharding: Sharding, stride: int = 1
 ) -> tuple[PDEBench3D, PDEBench3D]:
-    options = dict(t_in=config.t_in, t_out=config.t_out, stride=stride)
+    check_split(config.split, read_layout(data)[0], data)
+    options = dict(t_in=config.t_in, t_out=config.t_out, stride=stride, split_rule=config.split)
     where = (sharding.mesh, sharding.field_placements())
     train_set = PDEBench3D(data, *where, stats=stats, **options)
     test_set = PDEBench3D(data, *where, split="test", stats=train_set.stats, **options)
-    if len(train_set) == 0 or len(test_set) == 0:
-        raise ConfigError(f"--data {data}: needs at least two trajectories (one to train on, one to test)")
     return train_set, test_set
+
+
+def saved_config(meta: dict) -> dict:
+    """The options a checkpoint's run was trained with (``LEGACY_OPTIONS`` for options it predates)."""
+    return {**LEGACY_OPTIONS, **meta["config"]}
 
 
 def _check_options(
@@ -322,10 +369,10 @@ def _check_options(
     path: Path,
     meta: dict,
     advice: str = "",
-    names: Sequence[str] = (*MODEL_OPTIONS, "method", "lr", "batch_size"),
+    names: Sequence[str] = (*MODEL_OPTIONS, "method", "lr", "batch_size", "split"),
 ) -> None:
     """CheckpointError naming the first of ``names`` the checkpoint at ``path`` was trained with otherwise."""
-    saved = meta["config"]
+    saved = saved_config(meta)
     for name in names:
         option = f"--{name.replace('_', '-')}"
         if name not in saved:
@@ -403,8 +450,10 @@ def train(config: TrainConfig) -> list[dict]:
     """Train on this rank's blocks (call on every rank of the default group, or alone); returns the
     per-epoch metrics (the same on every rank). Rank 0 holds ``config.out``'s lock (FolderInUse if
     another run does) and writes ``metrics.jsonl``, ``stats.json``, ``checkpoints/``, and at the end
-    ``loss.png`` and ``slice.png``. A non-finite loss or gradient norm raises NonFiniteError before the
-    optimizer step, or with ``on_nan="skip-batch"`` skips the batch (``skipped_batches`` per epoch)."""
+    ``loss.png``, ``slice.png`` and ``test_metrics.json`` (the final model's relative L2 and PDEBench
+    metrics, after a run that reached its last epoch). A non-finite loss or gradient norm raises
+    NonFiniteError before the optimizer step, or with ``on_nan="skip-batch"`` skips the batch
+    (``skipped_batches`` per epoch)."""
     with _one_writer(Path(config.out)):
         return _train(config)
 
@@ -416,7 +465,7 @@ def _train(config: TrainConfig) -> list[dict]:
     sharding = Sharding.build(config, comm.world_size(), device.type)
     model = build_model(config, device, sharding)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    start, history, saved = 0, [], None
+    start, history, saved, final = 0, [], None, None
     if config.resume:  # the newest checkpoint that loads on every rank, and its statistics
 
         def check(path: Path, meta: dict) -> None:
@@ -471,7 +520,9 @@ def _train(config: TrainConfig) -> list[dict]:
         if not trained:
             raise NonFiniteError(f"epoch {epoch + 1}: every batch had a non-finite loss or gradient norm")
         train_loss = float(_global_sum(total)) / trained
-        test_l2 = relative_l2(model, test_set, sharding, config.batch_size, device)
+        # The last epoch's test pass also gives PDEBench's metrics of the final model.
+        final = pdebench_metrics(test_set, device) if epoch == config.epochs - 1 else None
+        test_l2 = relative_l2(model, test_set, sharding, config.batch_size, device, final)
         seconds = time.perf_counter() - began
         row = dict(
             epoch=epoch + 1, train_loss=train_loss, test_rel_l2=test_l2, seconds=seconds, skipped_batches=skipped
@@ -496,9 +547,37 @@ def _train(config: TrainConfig) -> list[dict]:
                     f"test rel L2 {test_l2:.4f}  {seconds:5.1f} s"
                 )
     bar.close()
+    if final is not None:
+        _write_test_metrics(out, config.split, history[-1]["epoch"], test_l2, final.compute(), config.progress)
     if history:
         _plots(out, history, model, test_set, sharding, device, config.method)
     return history
+
+
+TEST_METRICS = "test_metrics.json"
+
+
+def _write_test_metrics(out: Path, split: str, epoch: int, test_l2: float, pdebench: dict, show: bool) -> None:
+    """Rank 0: ``<out>/test_metrics.json`` (the final model's test metrics) and, if ``show``, a line of them."""
+    if comm.rank() != 0:
+        return
+    record = dict(epoch=epoch, split=split, test_rel_l2=test_l2, pdebench=pdebench)
+    (out / TEST_METRICS).write_text(json.dumps(record, indent=2) + "\n")
+    if show:
+        print(f"PDEBench metrics ({split} split): {format_pdebench(pdebench)}")
+
+
+def format_pdebench(metrics: dict) -> str:
+    """PDEBench's metrics on one line (``n/a`` for a Fourier band the grid has no bins in)."""
+
+    def value(name: str) -> str:
+        v = metrics[name]
+        return "n/a" if v is None else f"{v:.4g}"
+
+    return (
+        f"RMSE {value('rmse')}  nRMSE {value('nrmse')}  cRMSE {value('crmse')}  max error {value('max_error')}  "
+        f"bRMSE {value('brmse')}  fRMSE low {value('frmse_low')} mid {value('frmse_mid')} high {value('frmse_high')}"
+    )
 
 
 def train_rank(config: TrainConfig) -> list[dict]:
@@ -538,7 +617,8 @@ def evaluate(
     device="cpu",
     batch_size: int = 2,
 ) -> dict:
-    """Relative L2 on the test split of a checkpoint's model, on however many ranks call this.
+    """Relative L2 and PDEBench's metrics (``drift.metrics``, on the de-normalised fields) of a checkpoint's
+    model on its run's test split (the run's ``split``), on however many ranks call this.
 
     ``checkpoint``: a run folder (its latest checkpoint), its ``checkpoints`` folder or one checkpoint.
     ``data`` defaults to the file the run trained on, at its own resolution or at ``resolution``
@@ -546,10 +626,11 @@ def evaluate(
     same weights at any resolution, zero-shot super-resolution above the training one. ``method``
     defaults to the run's (any method loads any other's checkpoint: the weights are the same global
     ones); ``grid`` and ``data_parallel`` lay out the ranks as for training. A damaged latest checkpoint
-    is passed over for the newest older one that loads (``load_newest``).
+    is passed over for the newest older one that loads (``load_newest``). Returns a dict: the checkpoint,
+    where it was trained, ``split``, ``test_rel_l2`` and ``pdebench`` (``PDEBenchMetrics.compute``'s).
     """
     meta = read_meta(find_checkpoint(checkpoint), META_KEYS)
-    config = config_from(meta["config"], grid=grid, data_parallel=data_parallel)
+    config = config_from(saved_config(meta), grid=grid, data_parallel=data_parallel)
     config.method = method or config.method
     config.data = data or config.data
     where = resolve_device(device)
@@ -565,7 +646,8 @@ def evaluate(
 
     path, meta = load_newest(_checkpoint_root(checkpoint), model, check=check, keys=META_KEYS)
     _, test_set = _datasets(config, Path(config.data), _stats(meta), sharding, stride)
-    l2 = relative_l2(model, test_set, sharding, batch_size, where)
+    pdebench = pdebench_metrics(test_set, where)
+    l2 = relative_l2(model, test_set, sharding, batch_size, where, pdebench)
     return dict(
         checkpoint=str(path),
         epoch=meta["epoch"],
@@ -574,8 +656,10 @@ def evaluate(
         resolution=list(test_set.global_shape),
         ranks=comm.world_size(),
         method=config.method,
+        split=config.split,
         test_rel_l2=l2,
         test_trajectories=len(test_set),
+        pdebench=pdebench.compute(),
     )
 
 

@@ -23,6 +23,8 @@ from drift.layout import Layout
 FIELDS = ("density", "pressure", "Vx", "Vy", "Vz")
 COORDINATES = ("x-coordinate", "y-coordinate", "z-coordinate")
 SHOWN = 10  # trajectories with non-finite values named in the error
+# Which trajectories form the test set: the last round(10%) (at least one), or PDEBench's first int(10%).
+SPLITS = ("last", "pdebench")
 
 
 class DataError(ValueError):
@@ -66,6 +68,21 @@ def write_pdebench3d(
         f.create_dataset("t-coordinate", data=(np.arange(frames + 1) * (t_end / (frames - 1))).astype(np.float32))
         for key, value in (attrs or {}).items():
             f.attrs[key] = value
+
+
+def held_out_trajectories(trajectories: int, rule: str = "last", fraction: float = 0.1) -> range:
+    """The test trajectories of a file holding ``trajectories``; the others are the training set.
+
+    ``rule``: "last": the last ``round(fraction * trajectories)``, at least one when the file holds two or
+    more (drift's split). "pdebench": the first ``int(trajectories * fraction)``, as PDEBench's FNO and
+    U-Net loaders take them (``test_idx = int(num_samples * test_ratio)``): none below 10 trajectories.
+    """
+    if rule == "pdebench":
+        return range(int(trajectories * fraction))
+    if rule == "last":
+        n_test = max(1, round(trajectories * fraction)) if trajectories > 1 else 0
+        return range(trajectories - n_test, trajectories)
+    raise ValueError(f"split rule must be one of {', '.join(SPLITS)}, got {rule!r}")
 
 
 def _open(path: Path) -> h5py.File:
@@ -113,8 +130,10 @@ class PDEBench3D(torch.utils.data.Dataset):
             the field whole. None: one process reads every point. ``layout``: the resulting ``Layout``.
         t_in, t_out: frames 0..t_in-1 are the input, the next t_out frames the target (paper: 5 and 16).
         fields: which fields, in channel order.
-        split: "train" (the first trajectories) or "test" (the last ``test_fraction`` of them, at least one
-            when the file holds two or more).
+        split: "train" or "test": which side of the split ``split_rule`` makes.
+        split_rule: "last" (the test set is the last ``test_fraction`` of the trajectories, at least one
+            when the file holds two or more) or "pdebench" (the first ``int(test_fraction * trajectories)``,
+            as PDEBench's loaders); see ``held_out_trajectories``.
         region: per spatial dim a (start, stop) range of the file's grid (default: all of it).
         stride: keep every stride-th point per dim (an int for all dims, or one per dim): downsampling.
         stats: normalisation; default: computed from the training trajectories (one all-reduce over the
@@ -139,6 +158,7 @@ class PDEBench3D(torch.utils.data.Dataset):
         t_out: int = 16,
         fields: Sequence[str] = FIELDS,
         split: str = "train",
+        split_rule: str = "last",
         test_fraction: float = 0.1,
         region: Sequence[tuple[int, int]] | None = None,
         stride: int | Sequence[int] = 1,
@@ -174,9 +194,9 @@ class PDEBench3D(torch.utils.data.Dataset):
             slice(r[s.start], r[s.stop - 1] + 1, r.step) if s.stop > s.start else slice(0, 0)
             for r, s in zip(selected, self.layout.local_slices, strict=True)
         )
-        n_test = max(1, round(trajectories * test_fraction)) if trajectories > 1 else 0
-        train = list(range(trajectories - n_test))
-        self.trajectories = train if split == "train" else list(range(trajectories - n_test, trajectories))
+        test = held_out_trajectories(trajectories, split_rule, test_fraction)
+        train = [t for t in range(trajectories) if t not in test]
+        self.trajectories = train if split == "train" else list(test)
         # Every trajectory of the file when computing the statistics, else this split's: they must be finite.
         sums = self._scan(range(trajectories) if stats is None else self.trajectories, train)
         self.stats = stats if stats is not None else self._statistics(sums)
