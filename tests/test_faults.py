@@ -58,7 +58,7 @@ def _checkpoints(out: Path) -> tuple[list[str], str]:
 
 def _rows(out: Path) -> list[dict]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    return [{k: v for k, v in r.items() if k not in ("seconds", "phase_seconds")} for r in rows]
 
 
 def _refused_soon(capsys, argv: list[str], names: str, seconds: float = 20.0) -> None:

@@ -120,20 +120,22 @@ def config_from(options: dict, **changes) -> TrainConfig:
     return TrainConfig(**{**known, **changes})
 
 
-def default_data_path() -> Path:
-    """Where the default data set is cached: ``$DRIFT_CACHE`` or ``~/.cache/drift``."""
+def default_data_path(**changes: int) -> Path:
+    """Where the default data set (``DEFAULT_DATA``, with ``changes``) is cached: ``$DRIFT_CACHE`` or
+    ``~/.cache/drift``."""
     cache = Path(os.environ.get("DRIFT_CACHE", Path.home() / ".cache" / "drift"))
-    d = DEFAULT_DATA
+    d = DEFAULT_DATA | changes
     return cache / f"cfd3d_n{d['resolution']}_b{d['samples']}_f{d['frames']}_seed{d['seed']}.hdf5"
 
 
-def ensure_default_data(progress: bool = True) -> Path:
-    """The default data set, generated first if absent (written under a temporary name, then renamed)."""
-    path = default_data_path()
+def ensure_default_data(progress: bool = True, **changes: int) -> Path:
+    """The default data set (with ``changes`` to ``DEFAULT_DATA``: ``resolution``, ``samples``, ...),
+    generated first if absent (written under a temporary name, then renamed)."""
+    path = default_data_path(**changes)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        generate(tmp, **DEFAULT_DATA, progress=progress)
+        generate(tmp, **(DEFAULT_DATA | changes), progress=progress)
         os.replace(tmp, path)
     return path
 
@@ -438,6 +440,22 @@ def _one_writer(out: Path) -> Iterator[None]:
         yield
 
 
+class PhaseClock:
+    """Rank-local seconds per phase of an epoch (``with clock("forward"): ...``), summed over its steps;
+    on CUDA each phase ends with a synchronisation, so that its kernels count in it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.seconds = device, {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
+
+
 def _nonfinite(loss: torch.Tensor, model: FNO) -> list[str]:
     """What is non-finite on any rank ("loss", "gradient norm"): one all-reduce of this rank's flags
     (its share of the loss, the norm of its blocks of the gradients)."""
@@ -495,14 +513,19 @@ def _train(config: TrainConfig) -> list[dict]:
         order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
         total = torch.zeros((), dtype=torch.float64, device=device)
         trained, skipped = 0, 0
+        clock = PhaseClock(device)
         for step, first in enumerate(range(0, len(order), config.batch_size), 1):
             indices = order[first : first + config.batch_size].tolist()
-            x, y = _batch(train_set, indices, sharding, device)
-            # This rank's share of the global batch's loss: the ranks' losses sum to it.
-            loss = F.mse_loss(_local(model(x)), y, reduction="sum") / (count * len(indices))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if bad := _nonfinite(loss, model):
+            with clock("data"):
+                x, y = _batch(train_set, indices, sharding, device)
+            with clock("forward"):
+                # This rank's share of the global batch's loss: the ranks' losses sum to it.
+                loss = F.mse_loss(_local(model(x)), y, reduction="sum") / (count * len(indices))
+            with clock("backward"):
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                bad = _nonfinite(loss, model)
+            if bad:
                 trajectories = [train_set.trajectories[i] for i in indices]
                 where = f"epoch {epoch + 1}, step {step}, training trajectories {trajectories}"
                 if config.on_nan == "stop":
@@ -514,7 +537,8 @@ def _train(config: TrainConfig) -> list[dict]:
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
-            optimizer.step()
+            with clock("optimizer"):
+                optimizer.step()
             trained += len(indices)
             total += loss.detach() * len(indices)
         if not trained:
@@ -522,10 +546,16 @@ def _train(config: TrainConfig) -> list[dict]:
         train_loss = float(_global_sum(total)) / trained
         # The last epoch's test pass also gives PDEBench's metrics of the final model.
         final = pdebench_metrics(test_set, device) if epoch == config.epochs - 1 else None
-        test_l2 = relative_l2(model, test_set, sharding, config.batch_size, device, final)
+        with clock("test"):
+            test_l2 = relative_l2(model, test_set, sharding, config.batch_size, device, final)
         seconds = time.perf_counter() - began
         row = dict(
-            epoch=epoch + 1, train_loss=train_loss, test_rel_l2=test_l2, seconds=seconds, skipped_batches=skipped
+            epoch=epoch + 1,
+            train_loss=train_loss,
+            test_rel_l2=test_l2,
+            seconds=seconds,
+            phase_seconds=clock.seconds,
+            skipped_batches=skipped,
         )
         history.append(row)
         meta = dict(

@@ -2,13 +2,15 @@
 
 Each method trains the same FNO (the same seed: the same global weights, the same data order) on the
 same data, on a fresh group of ``--nproc`` ranks, through ``drift.train`` itself. Reported per method:
-seconds per epoch (median over epochs, the first included), the loss and test relative L2 curves,
-and the largest relative difference of each epoch's loss from drift's (the methods compute the same
-function, so only float32 rounding separates them).
+seconds per epoch and per phase of it (forward, backward, optimizer step, test pass: rank 0's, median
+over epochs, the first included), the loss and test relative L2 curves, and the largest relative
+difference of each epoch's loss from drift's (the methods compute the same function, so only float32
+rounding separates them). ``--resolution R --samples S`` trains on drift's generated data at R^3
+(cached as the default set is): the size where the truncated transform's advantage shows.
 
 JSON (``train.json``), besides the common envelope (``drift.bench.output``): ``runs``, one per method:
-``{method, ranks, history: [{epoch, train_loss, test_rel_l2, seconds}], median_epoch_s,
-max_loss_rel_diff_vs_drift}``.
+``{method, ranks, history: [{epoch, train_loss, test_rel_l2, seconds, phase_seconds}], median_epoch_s,
+median_phase_s: {forward, backward, optimizer, test, data}, max_loss_rel_diff_vs_drift}``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from pathlib import Path
 
 from drift.bench import output
 from drift.bench.output import positive_float, positive_int
+from drift.data import read_layout
 from drift.launch import RankError, run_ranks
 from drift.nn import METHODS
 from drift.train import ConfigError, TrainConfig, check_config, config_from, ensure_default_data, train_rank
+
+PHASES = ("forward", "backward", "optimizer", "test", "data")  # seconds per epoch, as drift.train's rows
 
 
 def _plot(runs: list[dict], path: Path) -> None:
@@ -51,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
     base = config_from(options, method="drift", progress=False)
     try:
         if base.data is None:
-            base.data = str(ensure_default_data())
+            size = {k: v for k, v in (("resolution", args.resolution), ("samples", args.samples)) if v is not None}
+            base.data = str(ensure_default_data(**size))
+        elif args.resolution is not None or args.samples is not None:
+            raise ConfigError("--resolution and --samples choose generated data: give them or --data, not both")
         check_config(base, args.nproc)
     except (ConfigError, ValueError) as exc:
         print(f"drift bench train: error: {exc}")
@@ -65,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"drift bench train: error: {method}: {exc}")
             return 1
         seconds = statistics.median(r["seconds"] for r in history)
-        runs.append(dict(method=method, ranks=args.nproc, history=history, median_epoch_s=seconds))
+        phases = {k: statistics.median(r["phase_seconds"].get(k, 0.0) for r in history) for k in PHASES}
+        runs.append(
+            dict(method=method, ranks=args.nproc, history=history, median_epoch_s=seconds, median_phase_s=phases)
+        )
     reference = next((r for r in runs if r["method"] == "drift"), runs[0])
     for run_ in runs:
         pairs = zip(run_["history"], reference["history"], strict=True)
@@ -76,14 +87,19 @@ def run(args: argparse.Namespace) -> int:
             r["ranks"],
             r["median_epoch_s"],
             r["median_epoch_s"] / reference["median_epoch_s"],
+            *(r["median_phase_s"][k] for k in PHASES),
             r["history"][-1]["train_loss"],
             r["history"][-1]["test_rel_l2"],
             r["max_loss_rel_diff_vs_drift"],
         ]
         for r in runs
     ]
-    header = ["method", "ranks", "s/epoch", "vs drift", "final loss", "test rel L2", "max loss diff"]
-    title = f"training, {args.epochs} epochs, width {args.width}, modes {tuple(args.modes)}, {args.layers} layers"
+    header = ["method", "ranks", "s/epoch", "vs drift", *(f"{k} s" for k in PHASES)]
+    header += ["final loss", "test rel L2", "max loss diff"]
+    grid = "x".join(map(str, read_layout(base.data)[2:]))
+    title = (
+        f"training on {grid}, {args.epochs} epochs, width {args.width}, modes {tuple(args.modes)}, {args.layers} layers"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     _plot(runs, args.out / "train.png")
     path = output.finish(args.out, "train", output.config_of(args), [(title, rows, header)], runs=runs)
@@ -97,6 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=positive_int, default=4, help="ranks per run")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=["drift", "dfno"])
     parser.add_argument("--data", help="PDEBench 3D CFD file (default: drift train's generated set)")
+    parser.add_argument("--resolution", type=positive_int, help="generated data at this many points per dim")
+    parser.add_argument("--samples", type=positive_int, help="trajectories of the generated data")
     parser.add_argument("--epochs", type=positive_int, default=3)
     parser.add_argument("--width", type=positive_int, default=d.width)
     parser.add_argument("--modes", type=positive_int, nargs=4, default=list(d.modes), metavar="K")
