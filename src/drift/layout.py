@@ -58,13 +58,19 @@ class Layout:
             ``Shard(i)`` splits transformed dim i (negative i counts from the last) in ``torch.chunk``
             blocks; ``Replicate()`` leaves the field whole along that mesh dim (its ranks compute the
             same). One dim split over two mesh dims and ``Partial`` are not supported.
+        reduction: how the shares of a flat dim are summed and joined (``reduce_scatter_shares``,
+            ``all_gather_shares``) over the ranks that share the field: None, one collective per spatial
+            mesh dim; or a ``reduction_mesh`` over those ranks, one collective per dim of it. It changes
+            neither the blocks nor the shares, and layouts that differ only in it are equal.
 
     Attributes: ``axes`` (per dim, the mesh dim splitting it or None), ``parts`` (ranks per dim),
     ``coords`` (this rank's block index per dim), ``local_slices``, ``local_shape``,
     ``spatial_axes`` (the mesh dims that split some dim, in mesh order).
     """
 
-    def __init__(self, global_shape: Sequence[int], mesh=None, placements: Sequence | None = None) -> None:
+    def __init__(
+        self, global_shape: Sequence[int], mesh=None, placements: Sequence | None = None, reduction=None
+    ) -> None:
         self.global_shape = tuple(int(n) for n in global_shape)
         d = len(self.global_shape)
         if d == 0 or any(n < 1 for n in self.global_shape):
@@ -104,9 +110,21 @@ class Layout:
         self.spatial_axes = tuple(sorted(a for a in axes if a is not None))
         self.local_slices = self.slices(self.coords)
         self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
+        if reduction is not None:
+            ranks = field_ranks(mesh, self.spatial_axes).flatten().tolist() if mesh is not None else [0]
+            if reduction.mesh.flatten().tolist() != ranks:
+                raise ValueError(
+                    f"reduction mesh over ranks {reduction.mesh.flatten().tolist()} does not span, in order, the "
+                    f"ranks {ranks} that share this rank's field: make it with drift.reduction_mesh"
+                )
+        self.reduction = reduction
 
     def __repr__(self) -> str:
-        return f"Layout(global_shape={self.global_shape}, mesh={_mesh_shape(self.mesh)}, placements={self.placements})"
+        reduction = "" if self.reduction is None else f", reduction={tuple(self.reduction.shape)}"
+        return (
+            f"Layout(global_shape={self.global_shape}, mesh={_mesh_shape(self.mesh)}, "
+            f"placements={self.placements}{reduction})"
+        )
 
     def __eq__(self, other) -> bool:
         return (
@@ -173,8 +191,10 @@ class Layout:
     def reduce_scatter_shares(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(b, n, *rest)`` on every spatial rank; returns ``(b, m, *rest)``, this rank's share
         (``share_slice(n)``) of the sum over the spatial ranks: one reduce-scatter per spatial mesh dim,
-        outermost first, each padding the shares to equal size. Differentiable (adjoint:
-        ``all_gather_shares``)."""
+        outermost first, each padding the shares to equal size (with a ``reduction`` mesh: one per
+        dim of it, see ``_reduce_scatter_blocks``). Differentiable (adjoint: ``all_gather_shares``)."""
+        if self.reduction is not None:
+            return self._reduce_scatter_blocks(x)
         for axis in self.spatial_axes:
             parts = self.axis_size(axis)
             n, c = x.shape[1], -(-x.shape[1] // parts)
@@ -191,7 +211,10 @@ class Layout:
     def all_gather_shares(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """The inverse of ``reduce_scatter_shares`` without the sum: every rank's share ``(b, m_q, *rest)``
         joined into ``(b, n, *rest)`` on every spatial rank, one all-gather per spatial mesh dim,
-        innermost first. Differentiable (adjoint: ``reduce_scatter_shares``)."""
+        innermost first (with a ``reduction`` mesh: one per dim of it, outermost first).
+        Differentiable (adjoint: ``reduce_scatter_shares``)."""
+        if self.reduction is not None:
+            return self._all_gather_blocks(x, n)
         extents = []  # the extent each level chunks, outermost first
         for axis in self.spatial_axes:
             extents.append(n)
@@ -200,6 +223,42 @@ class Layout:
         for axis, m in zip(reversed(self.spatial_axes), reversed(extents), strict=True):
             x = self._join_chunks(x, 1, m, axis)
         return x
+
+    # The same over a reduction mesh: every share padded to one block size, so that each level's
+    # collective moves whole blocks and the bytes sent equal one flat collective's.
+
+    def _shares(self, n: int) -> list[slice]:
+        """Every share of ``range(n)``, in row-major order of the spatial mesh coordinates (the order of
+        the reduction mesh's ranks)."""
+        sizes = [self.axis_size(a) for a in self.spatial_axes]
+        return [nested_chunk(n, sizes, coords) for coords in itertools.product(*(range(p) for p in sizes))]
+
+    def _reduce_scatter_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """``reduce_scatter_shares`` over the reduction mesh: the shares as ``(b, *mesh shape, c, *rest)``
+        blocks of the largest share's size c, then one reduce-scatter per reduction mesh dim, the last
+        (consecutive ranks, within a node) first: (P_i - 1) latency steps each and, in all, the
+        (P - 1) c bytes per rank of one flat reduce-scatter."""
+        b, n, rest = x.shape[0], x.shape[1], x.shape[2:]
+        shares = self._shares(n)
+        c = max(s.stop - s.start for s in shares)
+        shape = tuple(self.reduction.shape)
+        blocks = _blocks(x, shares, c).view(b, *shape, c, *rest)
+        for dim in reversed(range(len(shape))):
+            send = blocks.movedim(dim + 1, 0).reshape(shape[dim] * b, *shape[:dim], c, *rest)
+            blocks = comm.reduce_scatter(send, group=self.reduction.get_group(dim))
+        mine = self.share_slice(n)
+        return blocks[:, : mine.stop - mine.start]
+
+    def _all_gather_blocks(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """``all_gather_shares`` over the reduction mesh: this rank's share padded to one block, then one
+        all-gather per reduction mesh dim, the first (across nodes, the smallest payload) first."""
+        shares = self._shares(n)
+        c = max(s.stop - s.start for s in shares)
+        blocks = x if x.shape[1] == c else F.pad(x, (0, 0) * (x.dim() - 2) + (0, c - x.shape[1]))
+        for dim in range(self.reduction.ndim):
+            every = comm.all_gather(blocks.unsqueeze(0), group=self.reduction.get_group(dim))
+            blocks = every.movedim(0, dim + 1)
+        return _unblocks(blocks.reshape(x.shape[0], len(shares) * c, *x.shape[2:]), shares, c, n)
 
     def _join_chunks(self, x: torch.Tensor, dim: int, n: int, axis: int) -> torch.Tensor:
         """Every rank's ``torch.chunk`` block of ``n`` along ``dim`` (this rank's is ``x``) joined along
@@ -230,6 +289,61 @@ class Layout:
             if axis is not None:
                 x = self._join_chunks(x, x.dim() - d + dim, self.global_shape[dim], axis)
         return x.clone() if x is x_local else x
+
+
+def _blocks(x: torch.Tensor, shares: Sequence[slice], c: int) -> torch.Tensor:
+    """``x`` ``(b, n, *rest)`` as ``(b, len(shares) * c, *rest)``: share q, zero-padded to c, at block q."""
+    n, count = x.shape[1], len(shares) * c
+    if list(shares) == [chunk_slice(n, len(shares), q) for q in range(len(shares))] and -(-n // len(shares)) == c:
+        return x if count == n else F.pad(x, (0, 0) * (x.dim() - 2) + (0, count - n))  # torch.chunk shares
+    index = [s.start + t if t < s.stop - s.start else n for s in shares for t in range(c)]
+    padded = F.pad(x, (0, 0) * (x.dim() - 2) + (0, 1))  # index n: a zero row for the padding
+    return padded.index_select(1, torch.tensor(index, device=x.device))
+
+
+def _unblocks(y: torch.Tensor, shares: Sequence[slice], c: int, n: int) -> torch.Tensor:
+    """The inverse of ``_blocks``: ``(b, len(shares) * c, *rest)`` to ``(b, n, *rest)``."""
+    if list(shares) == [chunk_slice(n, len(shares), q) for q in range(len(shares))] and -(-n // len(shares)) == c:
+        return y[:, :n]
+    index = [q * c + t for q, s in enumerate(shares) for t in range(s.stop - s.start)]
+    return y.index_select(1, torch.tensor(index, device=y.device))
+
+
+def field_ranks(mesh, spatial_axes: Sequence[int]) -> torch.Tensor:
+    """The global ranks that share this rank's field: ``mesh.mesh`` at this rank's coordinate on every
+    mesh dim but ``spatial_axes``, shaped as those dims."""
+    coordinate = mesh.get_coordinate()
+    index = tuple(slice(None) if a in spatial_axes else coordinate[a] for a in range(mesh.ndim))
+    return mesh.mesh[index]
+
+
+def reduction_mesh(mesh, spatial_axes: Sequence[int], shape: Sequence[int], *, timeout_s: float = 1800.0):
+    """A ``DeviceMesh`` of ``shape`` over the ranks that share this rank's field (the ``spatial_axes`` of
+    ``mesh``, in row-major order), whose groups time out after ``timeout_s``: a factorised reduction of
+    the shares (``Layout(..., reduction=)``). Its last dim is reduced first, so for ranks numbered node
+    by node ``shape = (nodes, ranks_per_node)`` reduces within each node, then across. Call on every
+    rank; ValueError, before any group is made, when ``shape`` does not factor the field's rank count."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    shape = tuple(shape)
+    if not shape or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in shape):
+        raise ValueError(f"reduction {shape} needs one or more positive ints")
+    spatial_axes = tuple(sorted(spatial_axes))
+    split = math.prod(mesh.size(a) for a in spatial_axes)
+    if math.prod(shape) != split:
+        dims = ", ".join(str(a) for a in spatial_axes) or "none"
+        raise ValueError(
+            f"reduction {shape} has {math.prod(shape)} ranks but the field is split over {split} "
+            f"(mesh dims {dims} of the {tuple(mesh.shape)} mesh): its entries must multiply to {split}"
+        )
+    others = [a for a in range(mesh.ndim) if a not in spatial_axes]
+    every_field = mesh.mesh.permute(*others, *spatial_axes).reshape(-1, *shape)
+    if any(bool((line.diff() <= 0).any()) for line in every_field.reshape(-1, split)):
+        raise ValueError(f"reduction needs the ranks of each field in increasing order in {mesh}")
+    groups = comm.mesh_groups(shape, datetime.timedelta(seconds=timeout_s), every_field)
+    names = tuple(f"reduction{i}" for i in range(len(shape)))
+    ranks = field_ranks(mesh, spatial_axes).reshape(shape)
+    return DeviceMesh.from_group(groups, mesh.device_type, ranks, mesh_dim_names=names)
 
 
 def dtensor_layout(x: DTensor, d: int, *, batch_axes_ok: bool) -> tuple[Layout, tuple[int, ...]]:

@@ -128,12 +128,15 @@ class SpectralConv(ComplexModule):
         self.weight = nn.Parameter(w.to(device))
         self.mesh = None
         self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
+        self.reduction = None  # set by parallelize: drift's reduction mesh, or None (one step per mesh dim)
         self.data_axes: tuple[int, ...] = ()
         self.plans = nn.ModuleDict()
         self._dfno_index: dict[str, tuple] = {}
 
     def extra_repr(self) -> str:
         where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
+        if self.reduction is not None:
+            where += f", reduction={tuple(self.reduction.shape)}"
         return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -184,7 +187,7 @@ class SpectralConv(ComplexModule):
         common = dict(dtype=self._precision(), device=self.weight.device)
         where = (layout.global_shape, layout.mesh, layout.placements)
         if self.method == "drift":
-            return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, **common)
+            return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, reduction=self.reduction, **common)
         kind = "r2c" if self.real else "c2c"
         if self.method == "dfno-pruned":
             plan = DistributedFFT(*where, kind=kind, modes=modes, **common)
