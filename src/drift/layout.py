@@ -60,8 +60,10 @@ class Layout:
             same). One dim split over two mesh dims and ``Partial`` are not supported.
         reduction: how the shares of a flat dim are summed and joined (``reduce_scatter_shares``,
             ``all_gather_shares``) over the ranks that share the field: None, one collective per spatial
-            mesh dim; or a ``reduction_mesh`` over those ranks, one collective per dim of it. It changes
-            neither the blocks nor the shares, and layouts that differ only in it are equal.
+            mesh dim; or a ``reduction_mesh`` over those ranks whose consecutive dims split each spatial
+            mesh dim in turn (a slab of 32 as ``(8, 4)``, a 16 x 4 pencil as ``(4, 4, 2, 2)``), one
+            collective per dim of it. It changes neither the blocks nor the shares, nor the bytes sent;
+            layouts that differ only in it are equal.
 
     Attributes: ``axes`` (per dim, the mesh dim splitting it or None), ``parts`` (ranks per dim),
     ``coords`` (this rank's block index per dim), ``local_slices``, ``local_shape``,
@@ -117,6 +119,7 @@ class Layout:
                     f"reduction mesh over ranks {reduction.mesh.flatten().tolist()} does not span, in order, the "
                     f"ranks {ranks} that share this rank's field: make it with drift.reduction_mesh"
                 )
+            _split_axes(tuple(reduction.shape), [self.axis_size(a) for a in self.spatial_axes])
         self.reduction = reduction
 
     def __repr__(self) -> str:
@@ -190,75 +193,54 @@ class Layout:
 
     def reduce_scatter_shares(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(b, n, *rest)`` on every spatial rank; returns ``(b, m, *rest)``, this rank's share
-        (``share_slice(n)``) of the sum over the spatial ranks: one reduce-scatter per spatial mesh dim,
-        outermost first, each padding the shares to equal size (with a ``reduction`` mesh: one per
-        dim of it, see ``_reduce_scatter_blocks``). Differentiable (adjoint: ``all_gather_shares``)."""
-        if self.reduction is not None:
-            return self._reduce_scatter_blocks(x)
-        for axis in self.spatial_axes:
+        (``share_slice(n)``) of the sum over the spatial ranks. Per spatial mesh dim, outermost first,
+        the shares of that dim padded to equal blocks, then one reduce-scatter per reduction mesh dim
+        that splits it, the last first (without a reduction mesh: one over the mesh dim). The bytes
+        are those of one reduce-scatter per mesh dim, the latency steps sum(P_i - 1) over the
+        reduction mesh dims. Differentiable (adjoint: ``all_gather_shares``)."""
+        for axis, levels in self._reduction_levels():
+            b, n, rest = x.shape[0], x.shape[1], x.shape[2:]
             parts = self.axis_size(axis)
-            n, c = x.shape[1], -(-x.shape[1] // parts)
+            c = -(-n // parts)
             padded = x if parts * c == n else F.pad(x, (0, 0) * (x.dim() - 2) + (0, parts * c - n))
-            send = (
-                padded.view(x.shape[0], parts, c, *x.shape[2:])
-                .transpose(0, 1)
-                .reshape(parts * x.shape[0], c, *x.shape[2:])
-            )
+            blocks = padded.view(b, *(r for r, _ in levels), c, *rest)
+            for i in reversed(range(len(levels))):
+                ranks, group = levels[i]
+                send = blocks.movedim(i + 1, 0).reshape(ranks * b, *blocks.shape[1 : i + 1], c, *rest)
+                blocks = comm.reduce_scatter(send, group=group)
             mine = chunk_slice(n, parts, self.coordinate[axis])
-            x = comm.reduce_scatter(send, group=self.group(axis))[:, : mine.stop - mine.start]
+            x = blocks[:, : mine.stop - mine.start]
         return x
 
     def all_gather_shares(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """The inverse of ``reduce_scatter_shares`` without the sum: every rank's share ``(b, m_q, *rest)``
-        joined into ``(b, n, *rest)`` on every spatial rank, one all-gather per spatial mesh dim,
-        innermost first (with a ``reduction`` mesh: one per dim of it, outermost first).
-        Differentiable (adjoint: ``reduce_scatter_shares``)."""
-        if self.reduction is not None:
-            return self._all_gather_blocks(x, n)
+        joined into ``(b, n, *rest)`` on every spatial rank, per spatial mesh dim innermost first, one
+        all-gather per reduction mesh dim splitting it, the first first. Differentiable (adjoint:
+        ``reduce_scatter_shares``)."""
         extents = []  # the extent each level chunks, outermost first
         for axis in self.spatial_axes:
             extents.append(n)
             s = chunk_slice(n, self.axis_size(axis), self.coordinate[axis])
             n = s.stop - s.start
-        for axis, m in zip(reversed(self.spatial_axes), reversed(extents), strict=True):
-            x = self._join_chunks(x, 1, m, axis)
+        for (axis, levels), m in zip(reversed(self._reduction_levels()), reversed(extents), strict=True):
+            parts = self.axis_size(axis)
+            c = -(-m // parts)
+            blocks = x if x.shape[1] == c else F.pad(x, (0, 0) * (x.dim() - 2) + (0, c - x.shape[1]))
+            for i, (_, group) in enumerate(levels):
+                blocks = comm.all_gather(blocks.unsqueeze(0), group=group).movedim(0, i + 1)
+            x = blocks.reshape(x.shape[0], parts * c, *x.shape[2:])[:, :m]
         return x
 
-    # The same over a reduction mesh: every share padded to one block size, so that each level's
-    # collective moves whole blocks and the bytes sent equal one flat collective's.
-
-    def _shares(self, n: int) -> list[slice]:
-        """Every share of ``range(n)``, in row-major order of the spatial mesh coordinates (the order of
-        the reduction mesh's ranks)."""
-        sizes = [self.axis_size(a) for a in self.spatial_axes]
-        return [nested_chunk(n, sizes, coords) for coords in itertools.product(*(range(p) for p in sizes))]
-
-    def _reduce_scatter_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """``reduce_scatter_shares`` over the reduction mesh: the shares as ``(b, *mesh shape, c, *rest)``
-        blocks of the largest share's size c, then one reduce-scatter per reduction mesh dim, the last
-        (consecutive ranks, within a node) first: (P_i - 1) latency steps each and, in all, the
-        (P - 1) c bytes per rank of one flat reduce-scatter."""
-        b, n, rest = x.shape[0], x.shape[1], x.shape[2:]
-        shares = self._shares(n)
-        c = max(s.stop - s.start for s in shares)
-        shape = tuple(self.reduction.shape)
-        blocks = _blocks(x, shares, c).view(b, *shape, c, *rest)
-        for dim in reversed(range(len(shape))):
-            send = blocks.movedim(dim + 1, 0).reshape(shape[dim] * b, *shape[:dim], c, *rest)
-            blocks = comm.reduce_scatter(send, group=self.reduction.get_group(dim))
-        mine = self.share_slice(n)
-        return blocks[:, : mine.stop - mine.start]
-
-    def _all_gather_blocks(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        """``all_gather_shares`` over the reduction mesh: this rank's share padded to one block, then one
-        all-gather per reduction mesh dim, the first (across nodes, the smallest payload) first."""
-        shares = self._shares(n)
-        c = max(s.stop - s.start for s in shares)
-        blocks = x if x.shape[1] == c else F.pad(x, (0, 0) * (x.dim() - 2) + (0, c - x.shape[1]))
-        for dim in range(self.reduction.ndim):
-            every = comm.all_gather(blocks.unsqueeze(0), group=self.reduction.get_group(dim))
-            blocks = every.movedim(0, dim + 1)
-        return _unblocks(blocks.reshape(x.shape[0], len(shares) * c, *x.shape[2:]), shares, c, n)
+    def _reduction_levels(self) -> list[tuple[int, list[tuple[int, object]]]]:
+        """Per spatial mesh dim, in mesh order: the mesh dim and the ``(ranks, group)`` of each level
+        that reduces it, outermost first (the reduction mesh dims that split it, or the mesh dim itself)."""
+        if self.reduction is None:
+            return [(axis, [(self.axis_size(axis), self.group(axis))]) for axis in self.spatial_axes]
+        split = _split_axes(tuple(self.reduction.shape), [self.axis_size(a) for a in self.spatial_axes])
+        return [
+            (axis, [(self.reduction.size(d), self.reduction.get_group(d)) for d in dims])
+            for axis, dims in zip(self.spatial_axes, split, strict=True)
+        ]
 
     def _join_chunks(self, x: torch.Tensor, dim: int, n: int, axis: int) -> torch.Tensor:
         """Every rank's ``torch.chunk`` block of ``n`` along ``dim`` (this rank's is ``x``) joined along
@@ -291,22 +273,25 @@ class Layout:
         return x.clone() if x is x_local else x
 
 
-def _blocks(x: torch.Tensor, shares: Sequence[slice], c: int) -> torch.Tensor:
-    """``x`` ``(b, n, *rest)`` as ``(b, len(shares) * c, *rest)``: share q, zero-padded to c, at block q."""
-    n, count = x.shape[1], len(shares) * c
-    if list(shares) == [chunk_slice(n, len(shares), q) for q in range(len(shares))] and -(-n // len(shares)) == c:
-        return x if count == n else F.pad(x, (0, 0) * (x.dim() - 2) + (0, count - n))  # torch.chunk shares
-    index = [s.start + t if t < s.stop - s.start else n for s in shares for t in range(c)]
-    padded = F.pad(x, (0, 0) * (x.dim() - 2) + (0, 1))  # index n: a zero row for the padding
-    return padded.index_select(1, torch.tensor(index, device=x.device))
-
-
-def _unblocks(y: torch.Tensor, shares: Sequence[slice], c: int, n: int) -> torch.Tensor:
-    """The inverse of ``_blocks``: ``(b, len(shares) * c, *rest)`` to ``(b, n, *rest)``."""
-    if list(shares) == [chunk_slice(n, len(shares), q) for q in range(len(shares))] and -(-n // len(shares)) == c:
-        return y[:, :n]
-    index = [q * c + t for q, s in enumerate(shares) for t in range(s.stop - s.start)]
-    return y.index_select(1, torch.tensor(index, device=y.device))
+def _split_axes(shape: tuple[int, ...], sizes: Sequence[int]) -> list[list[int]]:
+    """The dims of a reduction mesh of ``shape`` that split each spatial mesh dim of ``sizes`` in turn
+    (consecutive dims whose sizes multiply to it; dims of one rank go along); ValueError if there are none."""
+    split, dim = [], 0
+    for parts in sizes:
+        dims, ranks = [], 1
+        while ranks < parts and dim < len(shape):
+            dims.append(dim)
+            ranks *= shape[dim]
+            dim += 1
+        if ranks != parts:
+            raise ValueError(
+                f"reduction {shape} does not split the spatial mesh dims {tuple(sizes)} in turn: consecutive "
+                f"entries must multiply to each of them, e.g. {tuple(sizes)} or a refinement of it"
+            )
+        split.append(dims)
+    if split:
+        split[-1] += range(dim, len(shape))  # trailing dims of one rank
+    return split
 
 
 def field_ranks(mesh, spatial_axes: Sequence[int]) -> torch.Tensor:
@@ -320,9 +305,10 @@ def field_ranks(mesh, spatial_axes: Sequence[int]) -> torch.Tensor:
 def reduction_mesh(mesh, spatial_axes: Sequence[int], shape: Sequence[int], *, timeout_s: float = 1800.0):
     """A ``DeviceMesh`` of ``shape`` over the ranks that share this rank's field (the ``spatial_axes`` of
     ``mesh``, in row-major order), whose groups time out after ``timeout_s``: a factorised reduction of
-    the shares (``Layout(..., reduction=)``). Its last dim is reduced first, so for ranks numbered node
-    by node ``shape = (nodes, ranks_per_node)`` reduces within each node, then across. Call on every
-    rank; ValueError, before any group is made, when ``shape`` does not factor the field's rank count."""
+    the shares (``Layout(..., reduction=)``). Consecutive entries of ``shape`` split each spatial mesh
+    dim in turn, and within one the last is reduced first, so for a slab on ranks numbered node by node
+    ``shape = (nodes, ranks_per_node)`` reduces within each node, then across. Call on every rank;
+    ValueError, before any group is made, when ``shape`` does not factor the field's rank count so."""
     from torch.distributed.device_mesh import DeviceMesh
 
     shape = tuple(shape)
@@ -336,6 +322,7 @@ def reduction_mesh(mesh, spatial_axes: Sequence[int], shape: Sequence[int], *, t
             f"reduction {shape} has {math.prod(shape)} ranks but the field is split over {split} "
             f"(mesh dims {dims} of the {tuple(mesh.shape)} mesh): its entries must multiply to {split}"
         )
+    _split_axes(shape, [mesh.size(a) for a in spatial_axes])
     others = [a for a in range(mesh.ndim) if a not in spatial_axes]
     every_field = mesh.mesh.permute(*others, *spatial_axes).reshape(-1, *shape)
     if any(bool((line.diff() <= 0).any()) for line in every_field.reshape(-1, split)):

@@ -202,11 +202,12 @@ class TruncatedFFT(ComplexModule):
         strict: if False, inputs of another floating dtype or device are converted to the plan's;
             a wrong local shape is an error either way.
         reduction: how the sharded spectrum is summed and joined over the ranks that share the field:
-            None, one reduce-scatter (all-gather) per spatial mesh dim; a mesh shape over those ranks,
-            e.g. ``(8, 4)`` for 32 ranks on 8 nodes of 4, reduced over its last dim first (within a
-            node, then across: latency sum(P_i - 1) alpha instead of (P - 1) alpha, the same bytes); or a
-            ``drift.reduction_mesh``. The shares, and so the results, are the same whatever it is.
-            A shape that does not factor the rank count is a ValueError before any collective.
+            None, one reduce-scatter (all-gather) per spatial mesh dim; a mesh shape over those ranks
+            whose consecutive entries split each spatial mesh dim, e.g. ``(8, 4)`` for a slab of 32
+            ranks on 8 nodes of 4, reduced over its last dim first (within a node, then across: latency
+            sum(P_i - 1) alpha instead of (P - 1) alpha, the same bytes); or a ``drift.reduction_mesh``.
+            The shares, and so the results, are the same whatever it is. A shape that does not factor
+            the rank count so is a ValueError before any collective.
 
     Inputs are this rank's block (a plain tensor ``(*batch, *layout.local_shape)``) or a DTensor of the
     global field with the plan's mesh and placements (outputs are then DTensors too).
