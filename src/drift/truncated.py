@@ -206,8 +206,9 @@ class TruncatedFFT(ComplexModule):
             whose consecutive entries split each spatial mesh dim, e.g. ``(8, 4)`` for a slab of 32
             ranks on 8 nodes of 4, reduced over its last dim first (within a node, then across: latency
             sum(P_i - 1) alpha instead of (P - 1) alpha, the same bytes); or a ``drift.reduction_mesh``.
-            The shares, and so the results, are the same whatever it is. A shape that does not factor
-            the rank count so is a ValueError before any collective.
+            The shares, and so the results, are the same whatever it is. It applies to the sharded
+            forward and inverse (the replicated forward all-reduces per spatial mesh dim). A shape that
+            does not factor the rank count so is a ValueError before any collective.
 
     Inputs are this rank's block (a plain tensor ``(*batch, *layout.local_shape)``) or a DTensor of the
     global field with the plan's mesh and placements (outputs are then DTensors too).
