@@ -119,7 +119,7 @@ class Layout:
                     f"reduction mesh over ranks {reduction.mesh.flatten().tolist()} does not span, in order, the "
                     f"ranks {ranks} that share this rank's field: make it with drift.reduction_mesh"
                 )
-            _split_axes(tuple(reduction.shape), [self.axis_size(a) for a in self.spatial_axes])
+            split_reduction(tuple(reduction.shape), [self.axis_size(a) for a in self.spatial_axes])
         self.reduction = reduction
 
     def __repr__(self) -> str:
@@ -236,7 +236,7 @@ class Layout:
         that reduces it, outermost first (the reduction mesh dims that split it, or the mesh dim itself)."""
         if self.reduction is None:
             return [(axis, [(self.axis_size(axis), self.group(axis))]) for axis in self.spatial_axes]
-        split = _split_axes(tuple(self.reduction.shape), [self.axis_size(a) for a in self.spatial_axes])
+        split = split_reduction(tuple(self.reduction.shape), [self.axis_size(a) for a in self.spatial_axes])
         return [
             (axis, [(self.reduction.size(d), self.reduction.get_group(d)) for d in dims])
             for axis, dims in zip(self.spatial_axes, split, strict=True)
@@ -273,9 +273,10 @@ class Layout:
         return x.clone() if x is x_local else x
 
 
-def _split_axes(shape: tuple[int, ...], sizes: Sequence[int]) -> list[list[int]]:
+def split_reduction(shape: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
     """The dims of a reduction mesh of ``shape`` that split each spatial mesh dim of ``sizes`` in turn
     (consecutive dims whose sizes multiply to it; dims of one rank go along); ValueError if there are none."""
+    shape = tuple(shape)
     split, dim = [], 0
     for parts in sizes:
         dims, ranks = [], 1
@@ -322,7 +323,7 @@ def reduction_mesh(mesh, spatial_axes: Sequence[int], shape: Sequence[int], *, t
             f"reduction {shape} has {math.prod(shape)} ranks but the field is split over {split} "
             f"(mesh dims {dims} of the {tuple(mesh.shape)} mesh): its entries must multiply to {split}"
         )
-    _split_axes(shape, [mesh.size(a) for a in spatial_axes])
+    split_reduction(shape, [mesh.size(a) for a in spatial_axes])
     others = [a for a in range(mesh.ndim) if a not in spatial_axes]
     every_field = mesh.mesh.permute(*others, *spatial_axes).reshape(-1, *shape)
     if any(bool((line.diff() <= 0).any()) for line in every_field.reshape(-1, split)):
