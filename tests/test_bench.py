@@ -120,6 +120,50 @@ def test_projection_grids_and_ratios():
     assert rows[2]["dfno"]["comm_s"] < rows[0]["dfno"]["comm_s"]
 
 
+def test_reduction_mesh_shapes_and_their_model():
+    assert comm.factorisations(1) == [()]
+    assert sorted(comm.factorisations(12)) == sorted(
+        [(12,), (2, 6), (6, 2), (3, 4), (4, 3), (2, 2, 3), (2, 3, 2), (3, 2, 2)]
+    )
+    assert len(comm.factorisations(1024)) == 2**9  # the compositions of 10
+    assert all(math.prod(s) == 1024 and min(s) >= 2 for s in comm.factorisations(1024))
+    n = 10 * 2**20
+    fit = comm.Fit(1e-4, 2e-10)
+    flat = fit.predict("reduce_scatter", 32, n) + fit.predict("all_gather", 32, n)
+    assert comm.reduction_seconds(fit, (32,), n) == pytest.approx(flat)
+    # Every shape sends the flat collectives' bytes; the latency is sum(P_i - 1) steps each way.
+    for shape in ((4, 8), (8, 4), (2, 2, 2, 2, 2)):
+        bytes_only = comm.reduction_seconds(comm.Fit(0.0, 2e-10), shape, n)
+        assert bytes_only == pytest.approx(comm.reduction_seconds(comm.Fit(0.0, 2e-10), (32,), n))
+        steps = comm.reduction_seconds(comm.Fit(1e-4, 0.0), shape, n) / 1e-4
+        assert steps == pytest.approx(2 * sum(p - 1 for p in shape))
+    assert comm.best_reduction(fit, 32, n) == ((2, 2, 2, 2, 2), pytest.approx(comm.reduction_seconds(fit, (2,) * 5, n)))
+    assert comm.best_reduction(comm.Fit(0.0, 2e-10), 32, n)[0] == (32,)  # no latency: one level is enough
+    assert comm.best_reduction(fit, 1, n) == ((), 0.0)
+
+
+def test_projection_keeps_drift_ahead_of_dfno_to_1024_ranks():
+    """The paper preset with the hierarchical reduction: drift ahead of dfno for P = 4..1024."""
+    shape, modes = (128, 128, 128, 30), (8, 8, 8, 16)
+    for size in (4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        row = comm.project_block(comm.PAPER, shape, modes, 20, size)
+        assert math.prod(row["reduction"]) == size and row["ratio"] > 1, (size, row["ratio"])
+        assert row["drift"]["comm_s"] <= row["drift"]["unfactorised_comm_s"]
+    # One level per split dim (16 x 16 x 4), its latency alone puts drift behind.
+    assert row["drift"]["unfactorised_comm_s"] > row["dfno"]["total_s"]
+
+
+def test_drift_reduction_pads_as_the_shares_do():
+    """16 first-mode rows over a 16 x 2 pencil: 16 rows over the first dim, then the 1-row share
+    padded to 2 rows over the second; ring bytes (P_i - 1) / P_i of each payload, each way."""
+    row, beta = 1000.0, 1e-9
+    shape, seconds = comm.drift_reduction(comm.Fit(0.0, beta), [16, 2], 16, row)
+    assert math.prod(shape) == 32 and seconds == pytest.approx(2 * beta * row * (15 + 1))
+    shape, seconds = comm.drift_reduction(comm.Fit(1.0, 0.0), [16, 2], 16, row)
+    assert shape == (2, 2, 2, 2, 2) and seconds == pytest.approx(2 * 5)
+    assert comm.drift_reduction(comm.Fit(1.0, 0.0), [16, 2], 16, row, factorise=False) == ((16, 2), 2 * (15 + 1))
+
+
 def test_cluster_option():
     assert comm.parse_cluster("paper") is comm.PAPER
     custom = comm.parse_cluster("1e-6,1e-10,1e13")
@@ -213,6 +257,7 @@ def test_bench_comm(tmp_path, capsys):
         assert r["calls"] > 0 and r["bytes"] > 0 and math.isfinite(r["model_s"] / r["measured_s"])
         assert 0 < r["last_arrival_s"] <= r["measured_s"]
     assert [r["ranks"] for r in data["projection"]] == [4, 64] and data["cluster"]["name"] == "paper"
+    assert [tuple(r["reduction"]) for r in data["projection"]] == [(2, 2), (2,) * 6]
     assert (out / "comm_fit.png").exists() and (out / "projection.png").exists()
     assert "PROJECTION" in capsys.readouterr().out
 

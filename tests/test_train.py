@@ -89,6 +89,16 @@ def test_two_ranks_train_like_one(ranks, data, tmp_path):
         assert (tmp_path / "p2" / name).stat().st_size > 0
 
 
+def test_reduction_trains_like_the_flat_reduction(ranks, data, tmp_path):
+    """--reduction 2x2 on a slab of 4: the same losses as the flat reduction, and its checkpoint
+    evaluates on 1 rank (the weights are stored alike)."""
+    flat = ranks.run(4, _train, _config(data, tmp_path / "flat"))[0]
+    tree = ranks.run(4, _train, _config(data, tmp_path / "tree", reduction=(2, 2)))[0]
+    assert _close(_losses(tree), _losses(flat), 1e-5), (tree, flat)
+    result = ranks.run(1, evaluate, str(tmp_path / "tree"))[0]
+    assert result["test_rel_l2"] == pytest.approx(tree[-1]["test_rel_l2"], rel=1e-5)
+
+
 def test_drift_and_dfno_train_alike(ranks, data, tmp_path):
     drift = ranks.run(2, _train, _config(data, tmp_path / "drift"))[0]
     for method in ("dfno", "dfno-pruned"):
@@ -239,6 +249,10 @@ def _fails_with_one_line(capsys, argv, names) -> None:
         (["--t-out", "9"], "--t-out"),
         (["--method", "fft"], "--method"),
         (["--lr", "0"], "--lr"),
+        (["--reduction", "3x1", "--nproc", "2"], "--reduction"),
+        (["--reduction", "2", "--nproc", "2", "--method", "dfno"], "--reduction"),
+        (["--reduction", "2x0"], "--reduction"),
+        (["--reduction", "4", "--nproc", "4", "--grid", "2x2x1"], "--reduction"),
     ],
 )
 def test_bad_train_options_fail_with_one_line(capsys, data, tmp_path, args, names):

@@ -3,7 +3,7 @@
 from drift.comm import Collective, CommLog, comm_log
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
-from drift.layout import Layout, grid_mesh
+from drift.layout import Layout, grid_mesh, reduction_mesh
 from drift.profiling import profile
 from drift.truncated import TruncatedFFT
 
@@ -19,4 +19,5 @@ __all__ = [
     "comm_log",
     "grid_mesh",
     "profile",
+    "reduction_mesh",
 ]

@@ -261,6 +261,16 @@ def _grid(text: str) -> tuple[int, ...]:
     return grid
 
 
+def _reduction(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(p) for p in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a reduction like 8x4") from None
+    if min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: needs positive rank counts, like 8x4")
+    return shape
+
+
 def _modes(text: str) -> tuple[int, ...]:
     try:
         modes = tuple(int(p) for p in text.split(","))
@@ -324,6 +334,12 @@ def _add_train(commands) -> None:
         default=d.data_parallel,
         metavar="D",
         help="ranks along a data-parallel mesh dim, each taking a share of every batch (--nproc / D spatial ranks)",
+    )
+    train.add_argument(
+        "--reduction",
+        type=_reduction,
+        help="reduce drift's spectra over the spatial ranks in steps, like 8x4 (8 nodes of 4 ranks on a slab): "
+        "one reduce-scatter per entry, the last first; on a grid, consecutive entries split each split dim",
     )
     train.add_argument("--method", choices=METHODS, default=d.method, help="spectral convolution")
     train.add_argument("--width", type=positive(int), default=d.width, help="channels inside the FNO")

@@ -42,15 +42,16 @@ def rank(group=None) -> int:
     return dist.get_rank(group) if is_initialized() else 0
 
 
-def mesh_groups(shape: tuple[int, ...], timeout: datetime.timedelta) -> list:
-    """This rank's process group along each dim of a row-major mesh of ``shape`` over the default
-    group, each created with ``timeout`` (call on every rank). ``init_device_mesh`` gives its
-    sub-groups torch's 30-minute default instead, so a rank failing mid-collective would keep its peers
-    waiting that long."""
-    ranks = torch.arange(world_size()).view(shape)
+def mesh_groups(shape: tuple[int, ...], timeout: datetime.timedelta, ranks: torch.Tensor | None = None) -> list:
+    """This rank's process group along each dim of a row-major mesh of ``shape``, each created with
+    ``timeout`` (call on every rank of the default group). ``ranks``: the global ranks of one or several
+    disjoint meshes of ``shape``, ``(m, *shape)``, each line along a dim in increasing order; default
+    one mesh over the whole default group. ``init_device_mesh`` gives its sub-groups torch's 30-minute
+    default instead, so a rank failing mid-collective would keep its peers waiting that long."""
+    ranks = torch.arange(world_size()).view(1, *shape) if ranks is None else ranks
     mine = []
     for dim in range(len(shape)):
-        lines = ranks.movedim(dim, -1).reshape(-1, shape[dim])
+        lines = ranks.movedim(dim + 1, -1).reshape(-1, shape[dim])
         for line in lines.tolist():
             group = dist.new_group(line, timeout=timeout)  # every rank creates every group, in order
             if rank() in line:

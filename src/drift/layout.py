@@ -58,13 +58,21 @@ class Layout:
             ``Shard(i)`` splits transformed dim i (negative i counts from the last) in ``torch.chunk``
             blocks; ``Replicate()`` leaves the field whole along that mesh dim (its ranks compute the
             same). One dim split over two mesh dims and ``Partial`` are not supported.
+        reduction: how the shares of a flat dim are summed and joined (``reduce_scatter_shares``,
+            ``all_gather_shares``) over the ranks that share the field: None, one collective per spatial
+            mesh dim; or a ``reduction_mesh`` over those ranks whose consecutive dims split each spatial
+            mesh dim in turn (a slab of 32 as ``(8, 4)``, a 16 x 4 pencil as ``(4, 4, 2, 2)``), one
+            collective per dim of it. It changes neither the blocks nor the shares, nor the bytes sent;
+            layouts that differ only in it are equal.
 
     Attributes: ``axes`` (per dim, the mesh dim splitting it or None), ``parts`` (ranks per dim),
     ``coords`` (this rank's block index per dim), ``local_slices``, ``local_shape``,
     ``spatial_axes`` (the mesh dims that split some dim, in mesh order).
     """
 
-    def __init__(self, global_shape: Sequence[int], mesh=None, placements: Sequence | None = None) -> None:
+    def __init__(
+        self, global_shape: Sequence[int], mesh=None, placements: Sequence | None = None, reduction=None
+    ) -> None:
         self.global_shape = tuple(int(n) for n in global_shape)
         d = len(self.global_shape)
         if d == 0 or any(n < 1 for n in self.global_shape):
@@ -104,9 +112,22 @@ class Layout:
         self.spatial_axes = tuple(sorted(a for a in axes if a is not None))
         self.local_slices = self.slices(self.coords)
         self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
+        if reduction is not None:
+            ranks = field_ranks(mesh, self.spatial_axes).flatten().tolist() if mesh is not None else [0]
+            if reduction.mesh.flatten().tolist() != ranks:
+                raise ValueError(
+                    f"reduction mesh over ranks {reduction.mesh.flatten().tolist()} does not span, in order, the "
+                    f"ranks {ranks} that share this rank's field: make it with drift.reduction_mesh"
+                )
+            split_reduction(tuple(reduction.shape), [self.axis_size(a) for a in self.spatial_axes])
+        self.reduction = reduction
 
     def __repr__(self) -> str:
-        return f"Layout(global_shape={self.global_shape}, mesh={_mesh_shape(self.mesh)}, placements={self.placements})"
+        reduction = "" if self.reduction is None else f", reduction={tuple(self.reduction.shape)}"
+        return (
+            f"Layout(global_shape={self.global_shape}, mesh={_mesh_shape(self.mesh)}, "
+            f"placements={self.placements}{reduction})"
+        )
 
     def __eq__(self, other) -> bool:
         return (
@@ -172,34 +193,54 @@ class Layout:
 
     def reduce_scatter_shares(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(b, n, *rest)`` on every spatial rank; returns ``(b, m, *rest)``, this rank's share
-        (``share_slice(n)``) of the sum over the spatial ranks: one reduce-scatter per spatial mesh dim,
-        outermost first, each padding the shares to equal size. Differentiable (adjoint:
-        ``all_gather_shares``)."""
-        for axis in self.spatial_axes:
+        (``share_slice(n)``) of the sum over the spatial ranks. Per spatial mesh dim, outermost first,
+        the shares of that dim padded to equal blocks, then one reduce-scatter per reduction mesh dim
+        that splits it, the last first (without a reduction mesh: one over the mesh dim). The bytes
+        are those of one reduce-scatter per mesh dim, the latency steps sum(P_i - 1) over the
+        reduction mesh dims. Differentiable (adjoint: ``all_gather_shares``)."""
+        for axis, levels in self._reduction_levels():
+            b, n, rest = x.shape[0], x.shape[1], x.shape[2:]
             parts = self.axis_size(axis)
-            n, c = x.shape[1], -(-x.shape[1] // parts)
+            c = -(-n // parts)
             padded = x if parts * c == n else F.pad(x, (0, 0) * (x.dim() - 2) + (0, parts * c - n))
-            send = (
-                padded.view(x.shape[0], parts, c, *x.shape[2:])
-                .transpose(0, 1)
-                .reshape(parts * x.shape[0], c, *x.shape[2:])
-            )
+            blocks = padded.view(b, *(r for r, _ in levels), c, *rest)
+            for i in reversed(range(len(levels))):
+                ranks, group = levels[i]
+                send = blocks.movedim(i + 1, 0).reshape(ranks * b, *blocks.shape[1 : i + 1], c, *rest)
+                blocks = comm.reduce_scatter(send, group=group)
             mine = chunk_slice(n, parts, self.coordinate[axis])
-            x = comm.reduce_scatter(send, group=self.group(axis))[:, : mine.stop - mine.start]
+            x = blocks[:, : mine.stop - mine.start]
         return x
 
     def all_gather_shares(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """The inverse of ``reduce_scatter_shares`` without the sum: every rank's share ``(b, m_q, *rest)``
-        joined into ``(b, n, *rest)`` on every spatial rank, one all-gather per spatial mesh dim,
-        innermost first. Differentiable (adjoint: ``reduce_scatter_shares``)."""
+        joined into ``(b, n, *rest)`` on every spatial rank, per spatial mesh dim innermost first, one
+        all-gather per reduction mesh dim splitting it, the first first. Differentiable (adjoint:
+        ``reduce_scatter_shares``)."""
         extents = []  # the extent each level chunks, outermost first
         for axis in self.spatial_axes:
             extents.append(n)
             s = chunk_slice(n, self.axis_size(axis), self.coordinate[axis])
             n = s.stop - s.start
-        for axis, m in zip(reversed(self.spatial_axes), reversed(extents), strict=True):
-            x = self._join_chunks(x, 1, m, axis)
+        for (axis, levels), m in zip(reversed(self._reduction_levels()), reversed(extents), strict=True):
+            parts = self.axis_size(axis)
+            c = -(-m // parts)
+            blocks = x if x.shape[1] == c else F.pad(x, (0, 0) * (x.dim() - 2) + (0, c - x.shape[1]))
+            for i, (_, group) in enumerate(levels):
+                blocks = comm.all_gather(blocks.unsqueeze(0), group=group).movedim(0, i + 1)
+            x = blocks.reshape(x.shape[0], parts * c, *x.shape[2:])[:, :m]
         return x
+
+    def _reduction_levels(self) -> list[tuple[int, list[tuple[int, object]]]]:
+        """Per spatial mesh dim, in mesh order: the mesh dim and the ``(ranks, group)`` of each level
+        that reduces it, outermost first (the reduction mesh dims that split it, or the mesh dim itself)."""
+        if self.reduction is None:
+            return [(axis, [(self.axis_size(axis), self.group(axis))]) for axis in self.spatial_axes]
+        split = split_reduction(tuple(self.reduction.shape), [self.axis_size(a) for a in self.spatial_axes])
+        return [
+            (axis, [(self.reduction.size(d), self.reduction.get_group(d)) for d in dims])
+            for axis, dims in zip(self.spatial_axes, split, strict=True)
+        ]
 
     def _join_chunks(self, x: torch.Tensor, dim: int, n: int, axis: int) -> torch.Tensor:
         """Every rank's ``torch.chunk`` block of ``n`` along ``dim`` (this rank's is ``x``) joined along
@@ -230,6 +271,67 @@ class Layout:
             if axis is not None:
                 x = self._join_chunks(x, x.dim() - d + dim, self.global_shape[dim], axis)
         return x.clone() if x is x_local else x
+
+
+def split_reduction(shape: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+    """The dims of a reduction mesh of ``shape`` that split each spatial mesh dim of ``sizes`` in turn
+    (consecutive dims whose sizes multiply to it; dims of one rank go along); ValueError if there are none."""
+    shape = tuple(shape)
+    split, dim = [], 0
+    for parts in sizes:
+        dims, ranks = [], 1
+        while ranks < parts and dim < len(shape):
+            dims.append(dim)
+            ranks *= shape[dim]
+            dim += 1
+        if ranks != parts:
+            raise ValueError(
+                f"reduction {shape} does not split the spatial mesh dims {tuple(sizes)} in turn: consecutive "
+                f"entries must multiply to each of them, e.g. {tuple(sizes)} or a refinement of it"
+            )
+        split.append(dims)
+    if split:
+        split[-1] += range(dim, len(shape))  # trailing dims of one rank
+    return split
+
+
+def field_ranks(mesh, spatial_axes: Sequence[int]) -> torch.Tensor:
+    """The global ranks that share this rank's field: ``mesh.mesh`` at this rank's coordinate on every
+    mesh dim but ``spatial_axes``, shaped as those dims."""
+    coordinate = mesh.get_coordinate()
+    index = tuple(slice(None) if a in spatial_axes else coordinate[a] for a in range(mesh.ndim))
+    return mesh.mesh[index]
+
+
+def reduction_mesh(mesh, spatial_axes: Sequence[int], shape: Sequence[int], *, timeout_s: float = 1800.0):
+    """A ``DeviceMesh`` of ``shape`` over the ranks that share this rank's field (the ``spatial_axes`` of
+    ``mesh``, in row-major order), whose groups time out after ``timeout_s``: a factorised reduction of
+    the shares (``Layout(..., reduction=)``). Consecutive entries of ``shape`` split each spatial mesh
+    dim in turn, and within one the last is reduced first, so for a slab on ranks numbered node by node
+    ``shape = (nodes, ranks_per_node)`` reduces within each node, then across. Call on every rank;
+    ValueError, before any group is made, when ``shape`` does not factor the field's rank count so."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    shape = tuple(shape)
+    if not shape or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in shape):
+        raise ValueError(f"reduction {shape} needs one or more positive ints")
+    spatial_axes = tuple(sorted(spatial_axes))
+    split = math.prod(mesh.size(a) for a in spatial_axes)
+    if math.prod(shape) != split:
+        dims = ", ".join(str(a) for a in spatial_axes) or "none"
+        raise ValueError(
+            f"reduction {shape} has {math.prod(shape)} ranks but the field is split over {split} "
+            f"(mesh dims {dims} of the {tuple(mesh.shape)} mesh): its entries must multiply to {split}"
+        )
+    split_reduction(shape, [mesh.size(a) for a in spatial_axes])
+    others = [a for a in range(mesh.ndim) if a not in spatial_axes]
+    every_field = mesh.mesh.permute(*others, *spatial_axes).reshape(-1, *shape)
+    if any(bool((line.diff() <= 0).any()) for line in every_field.reshape(-1, split)):
+        raise ValueError(f"reduction needs the ranks of each field in increasing order in {mesh}")
+    groups = comm.mesh_groups(shape, datetime.timedelta(seconds=timeout_s), every_field)
+    names = tuple(f"reduction{i}" for i in range(len(shape)))
+    ranks = field_ranks(mesh, spatial_axes).reshape(shape)
+    return DeviceMesh.from_group(groups, mesh.device_type, ranks, mesh_dim_names=names)
 
 
 def dtensor_layout(x: DTensor, d: int, *, batch_axes_ok: bool) -> tuple[Layout, tuple[int, ...]]:

@@ -59,7 +59,7 @@ from drift.checkpoint import (
 )
 from drift.data import FIELDS, SPLITS, PDEBench3D, Stats, generate, held_out_trajectories, read_layout
 from drift.launch import GROUP_TIMEOUT_S, launched, process_group
-from drift.layout import chunk_sizes, chunk_slice, device_mesh, to_dtensor
+from drift.layout import chunk_sizes, chunk_slice, device_mesh, reduction_mesh, split_reduction, to_dtensor
 from drift.metrics import PDEBenchMetrics
 from drift.nn import FNO, METHODS, parallelize
 from drift.truncated import mode_lists
@@ -94,6 +94,7 @@ class TrainConfig:
     data: str | None = None
     grid: tuple[int, int, int] | None = None
     data_parallel: int = 1
+    reduction: tuple[int, ...] | None = None
     method: str = "drift"
     width: int = 20
     modes: tuple[int, int, int, int] = (4, 4, 4, 4)
@@ -163,6 +164,8 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         # scheduler the launcher has placed them.
         if not launched() and gpus < world_size:
             raise ConfigError(f"--device cuda: {world_size} ranks on this machine need {world_size} GPUs, found {gpus}")
+    if config.reduction is not None:
+        check_reduction(config, world_size)
     if config.resume:
         resume_point(config)
     if config.data is None:
@@ -200,6 +203,23 @@ def spatial_grid(config: TrainConfig, world_size: int) -> tuple[int, ...]:
             f"{spatial} spatial ranks ({world_size} ranks / --data-parallel {config.data_parallel})"
         )
     return tuple(grid)
+
+
+def check_reduction(config: TrainConfig, world_size: int) -> None:
+    """ConfigError unless ``--reduction`` splits the grid's split dims in turn (``drift.reduction_mesh``)
+    for a "drift" model."""
+    shape = "x".join(map(str, config.reduction))
+    if config.method != "drift":
+        raise ConfigError(f"--reduction {shape} applies to --method drift, not {config.method}")
+    split = [p for p in spatial_grid(config, world_size) if p > 1]
+    if min(config.reduction) < 1 or math.prod(config.reduction) != math.prod(split):
+        raise ConfigError(
+            f"--reduction {shape}: needs positive entries whose product is the {math.prod(split)} spatial ranks"
+        )
+    try:
+        split_reduction(config.reduction, split)
+    except ValueError as exc:
+        raise ConfigError(f"--reduction {shape}: {exc}") from None
 
 
 def check_resolution(config: TrainConfig, extents: Sequence[int], world_size: int, option: str | None = None) -> None:
@@ -288,7 +308,11 @@ def build_model(config: TrainConfig, device, sharding: Sharding | None = None) -
             device=device,
         )
     if sharding is not None and sharding.mesh is not None:
-        parallelize(model, sharding.mesh, sharding.placements)
+        reduction = None
+        if config.reduction is not None:
+            spatial = [a for a, p in enumerate(sharding.placements) if p.dim >= 2]
+            reduction = reduction_mesh(sharding.mesh, spatial, config.reduction, timeout_s=GROUP_TIMEOUT_S)
+        parallelize(model, sharding.mesh, sharding.placements, reduction=reduction)
     return model
 
 
@@ -660,7 +684,8 @@ def evaluate(
     where it was trained, ``split``, ``test_rel_l2`` and ``pdebench`` (``PDEBenchMetrics.compute``'s).
     """
     meta = read_meta(find_checkpoint(checkpoint), META_KEYS)
-    config = config_from(saved_config(meta), grid=grid, data_parallel=data_parallel)
+    # The run's reduction mesh fits its own ranks; evaluation reduces once per mesh dim.
+    config = config_from(saved_config(meta), grid=grid, data_parallel=data_parallel, reduction=None)
     config.method = method or config.method
     config.data = data or config.data
     where = resolve_device(device)

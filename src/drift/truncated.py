@@ -23,12 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from drift import comm
 from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
 from drift.errors import PlanError
-from drift.layout import Layout, dtensor_layout, shift_placements, to_dtensor
+from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
 
 _NORMS = ("backward", "ortho", "forward")
 WORK_BYTES = 64 * 2**20  # the bound on a chunk's intermediates in passes autograd does not record
@@ -204,6 +205,15 @@ def _apply(
     return result.view(new_shape)
 
 
+def _reduction_mesh(layout: Layout, shape: Sequence[int]) -> DeviceMesh | None:
+    """The reduction mesh of ``shape`` for ``layout``'s field (None on one device, where nothing is summed)."""
+    if layout.mesh is None:
+        if math.prod(tuple(shape)) != 1:
+            raise ValueError(f"reduction {tuple(shape)} needs a mesh: without one the field is on one rank")
+        return None
+    return reduction_mesh(layout.mesh, layout.spatial_axes, shape)
+
+
 class TruncatedFFT(ComplexModule):
     """A resident plan for the retained Fourier modes of a field sharded over a DeviceMesh.
 
@@ -228,6 +238,14 @@ class TruncatedFFT(ComplexModule):
             ``fftn``; norms use the padded extents), ``inverse`` the inverse transform over the padded
             extents at the N real points only (``ifftn`` then a crop). Layouts, inputs and outputs keep
             the real extents; no padded tensor is made and the collectives are unchanged.
+        reduction: how the sharded spectrum is summed and joined over the ranks that share the field:
+            None, one reduce-scatter (all-gather) per spatial mesh dim; a mesh shape over those ranks
+            whose consecutive entries split each spatial mesh dim, e.g. ``(8, 4)`` for a slab of 32
+            ranks on 8 nodes of 4, reduced over its last dim first (within a node, then across: latency
+            sum(P_i - 1) alpha instead of (P - 1) alpha, the same bytes); or a ``drift.reduction_mesh``.
+            The shares, and so the results, are the same whatever it is. It applies to the sharded
+            forward and inverse (the replicated forward all-reduces per spatial mesh dim). A shape that
+            does not factor the rank count so is a ValueError before any collective.
 
     Inputs are this rank's block (a plain tensor ``(*batch, *layout.local_shape)``) or a DTensor of the
     global field with the plan's mesh and placements (outputs are then DTensors too).
@@ -253,12 +271,16 @@ class TruncatedFFT(ComplexModule):
         norm: str = "backward",
         strict: bool = True,
         padding: PaddingSpec | None = None,
+        reduction: Sequence[int] | DeviceMesh | None = None,
     ) -> None:
         super().__init__()
         cdtype = complex_dtype(dtype)
         if norm not in _NORMS:
             raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
-        self.layout = Layout(global_shape, mesh, placements)
+        layout = Layout(global_shape, mesh, placements)
+        if reduction is not None and not isinstance(reduction, DeviceMesh):
+            reduction = _reduction_mesh(layout, reduction)
+        self.layout = Layout(global_shape, mesh, placements, reduction) if reduction is not None else layout
         self.global_shape = self.layout.global_shape
         self.padding = padding_pairs(padding, self.global_shape)
         self.padded_shape = tuple(n + b + a for n, (b, a) in zip(self.global_shape, self.padding, strict=True))
@@ -292,10 +314,11 @@ class TruncatedFFT(ComplexModule):
 
     def extra_repr(self) -> str:
         padded = f", padding={self.padding}" if any(b or a for b, a in self.padding) else ""
+        reduction = "" if self.layout.reduction is None else f", reduction={tuple(self.layout.reduction.shape)}"
         return (
             f"global_shape={self.global_shape}{padded}, mode_shape={self.mode_shape}, "
             f"layout={self.layout.placements}, real={self.real}, dtype={self.dtype}, norm={self.norm!r}, "
-            f"order={self.order}"
+            f"order={self.order}{reduction}"
         )
 
     @torch.inference_mode(False)

@@ -18,7 +18,10 @@
    ``comm_log``: per kind, calls, payload bytes, measured seconds and the model's seconds (``model_for``).
 4. Projection: the forward time of one FNO block for drift and dfno on a cluster given by alpha,
    beta and a compute rate (``--cluster``; ``paper``: derived in ``PAPER`` from the paper's measured
-   times), for P up to 1024. A model, not a measurement.
+   times), for P up to 1024. drift's reduce-scatter and all-gather run over the reduction mesh
+   (``drift.reduction_mesh``) the model finds fastest (``drift_reduction``); the unfactorised one
+   (one level per split dim, drift without ``reduction=``) is reported beside it. A model, not a
+   measurement.
 
 JSON (``comm.json``), besides the common envelope (``drift.bench.output``):
 ``sweep``: rows ``{kind, ranks, bytes, seconds: {mean, median, q1, q3, min, max, n}}`` (slowest rank,
@@ -28,7 +31,7 @@ points}}}``; ``fits``: ``{kind: {...}}`` (one fit over all P); ``without_thresho
 ``{within_25_percent, points, max_rel_error}`` of the per-P plain alpha-beta fits; ``fno``: rows
 ``{method, ranks, shape, kind, calls, bytes, measured_s, last_arrival_s, model_s}`` per forward; ``cluster``:
 ``{name, alpha_s, beta_s_per_byte, flops_per_s, source}``; ``projection``: rows ``{ranks, grid,
-drift: {compute_s, comm_s, total_s}, dfno: {...}, ratio}``.
+reduction, drift: {compute_s, comm_s, unfactorised_comm_s, total_s}, dfno: {compute_s, comm_s, total_s}, ratio}``.
 """
 
 from __future__ import annotations
@@ -398,12 +401,62 @@ def projection_grid(shape: Sequence[int], kept: Sequence[int], size: int) -> tup
     return tuple(grid)
 
 
+def factorisations(size: int) -> list[tuple[int, ...]]:
+    """Every reduction mesh shape of ``size`` ranks: the ordered factorisations into factors >= 2
+    (``(size,)`` itself, the flat reduction, among them; ``()`` for one rank)."""
+    if size == 1:
+        return [()]
+    return [(f, *rest) for f in range(2, size + 1) if size % f == 0 for rest in factorisations(size // f)]
+
+
+def reduction_seconds(model: Fit, shape: Sequence[int], nbytes: float) -> float:
+    """Modelled seconds of drift's reduce-scatter of an ``nbytes`` spectrum over a reduction mesh of
+    ``shape`` and the all-gather back (``Layout`` with ``reduction``): one reduce-scatter per mesh dim,
+    the last first, each over what the previous left (the all-gathers mirror them)."""
+    seconds = 0.0
+    for parts in reversed(shape):
+        seconds += model.predict("reduce_scatter", parts, nbytes) + model.predict("all_gather", parts, nbytes)
+        nbytes /= parts
+    return seconds
+
+
+def drift_reduction(
+    model: Fit, parts: Sequence[int], rows: int, row_bytes: float, *, factorise: bool = True
+) -> tuple[tuple[int, ...], float]:
+    """The reduction mesh shape and modelled seconds of drift's reduce-scatter and all-gather of a
+    spectrum of ``rows`` first-mode rows of ``row_bytes`` each over a grid whose split dims have
+    ``parts`` ranks (``Layout.reduce_scatter_shares``): per split dim in turn, the rows left padded to
+    a multiple of its ranks (torch.chunk shares; beyond ``rows`` ranks the blocks are zero rows) and
+    reduced over its fastest factorisation (``best_reduction``; one level without ``factorise``)."""
+    shape, seconds = [], 0.0
+    for p in parts:
+        c = -(-rows // p)
+        payload = p * c * row_bytes
+        levels = best_reduction(model, p, payload)[0] if factorise else (p,)
+        shape += levels
+        seconds += reduction_seconds(model, levels, payload)
+        rows = c
+    return tuple(shape), seconds
+
+
+def best_reduction(model: Fit, size: int, nbytes: float) -> tuple[tuple[int, ...], float]:
+    """The reduction mesh shape of ``size`` ranks with the least modelled time (ties: fewer levels, then
+    the larger last factor, the most ranks reduced first), and that time. Every shape sends the same
+    bytes, so the latency steps sum(P_i - 1) decide: with one alpha for every link, factors of 2."""
+    shapes = factorisations(size)
+    return min(
+        ((shape, reduction_seconds(model, shape, nbytes)) for shape in shapes),
+        key=lambda item: (round(item[1], 15), len(item[0]), tuple(reversed([-f for f in item[0]]))),
+    )
+
+
 def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], width: int, size: int) -> dict:
     """Modelled forward seconds of one FNO block (batch 1, float32, real 3D+time field) for drift and dfno.
 
     Both: spectral multiply (8 in out M / P FLOP) and pointwise linear (2 width^2 local points).
-    drift: forward and inverse partial DFTs (``best_order`` FLOPs, per channel) plus a reduce-scatter
-    and an all-gather of the ``width x M`` complex64 spectrum over all P. dfno: forward and inverse
+    drift: forward and inverse partial DFTs (``best_order`` FLOPs, per channel) plus the reduce-scatter
+    and the all-gather of the ``width x M`` complex64 spectrum (padded as its shares are) on the fastest
+    reduction mesh (``drift_reduction``; ``unfactorised_comm_s``: one level per split dim). dfno: forward and inverse
     real FFTs (2.5 V log2 V FLOP per channel, V the global points, split over P), plus per split dim
     one all-to-all each way of the local half spectrum (complex64) in that dim's group of ranks.
     """
@@ -413,17 +466,18 @@ def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], 
     m = math.prod(kept)
     shared_flops = 8 * width * width * m / size + 2 * width * width * math.prod(local)
     model = Fit(cluster.alpha_s, cluster.beta_s_per_byte)
-    spectrum = width * m * 8
     drift_flops = shared_flops + 2 * width * best_order(local, kept, True)[1]
-    drift_comm = model.predict("reduce_scatter", size, spectrum) + model.predict("all_gather", size, spectrum)
+    split, row = [p for p in grid if p > 1], width * (m // kept[0]) * 8
+    reduction, drift_comm = drift_reduction(model, split, kept[0], row)
     volume = math.prod(shape)
     half = math.prod(shape[:-1]) * (shape[-1] // 2 + 1)
     dfno_flops = shared_flops + 2 * width * 2.5 * volume * math.log2(volume) / size
     dfno_comm = sum(2 * model.predict("all_to_all", p, width * half * 8 / size) for p in grid if p > 1)
-    out = {"ranks": size, "grid": grid}
+    out = {"ranks": size, "grid": grid, "reduction": reduction}
     for name, flops, seconds in (("drift", drift_flops, drift_comm), ("dfno", dfno_flops, dfno_comm)):
         compute = flops / cluster.flops_per_s
         out[name] = {"compute_s": compute, "comm_s": seconds, "total_s": compute + seconds}
+    out["drift"]["unfactorised_comm_s"] = drift_reduction(model, split, kept[0], row, factorise=False)[1]
     out["ratio"] = out["dfno"]["total_s"] / out["drift"]["total_s"]
     return out
 
@@ -466,15 +520,27 @@ def run(args: argparse.Namespace) -> int:
         [
             r["ranks"],
             "x".join(map(str, r["grid"])),
+            "x".join(map(str, r["reduction"])) or "-",
             r["drift"]["total_s"] * 1e3,
             r["drift"]["comm_s"] * 1e3,
+            r["drift"]["unfactorised_comm_s"] * 1e3,
             r["dfno"]["total_s"] * 1e3,
             r["dfno"]["comm_s"] * 1e3,
             r["ratio"],
         ]
         for r in projection
     ]
-    proj_header = ["P", "grid", "drift ms", "drift comm ms", "dfno ms", "dfno comm ms", "dfno/drift"]
+    proj_header = [
+        "P",
+        "grid",
+        "reduction",
+        "drift ms",
+        "drift comm ms",
+        "unfactorised comm ms",
+        "dfno ms",
+        "dfno comm ms",
+        "dfno/drift",
+    ]
     print(f"PROJECTION (model, not measured) of one block's forward on cluster {cluster.name!r}")
     print(output.table(proj_rows, proj_header))
     path = output.write_json(

@@ -6,8 +6,10 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from drift.layout import reduction_mesh
 from drift.nn.fno import PointwiseLinear
 from drift.nn.spectral import SpectralConv
 
@@ -37,7 +39,9 @@ def _roles(mesh, placements: Sequence, d: int) -> tuple[tuple[int, ...], tuple[i
     return tuple(data), tuple(spatial)
 
 
-def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
+def parallelize(
+    model: nn.Module, mesh, placements: Sequence, *, reduction: Sequence[int] | DeviceMesh | None = None
+) -> nn.Module:
     """Make ``model`` (drift layers built on one device) distributed over ``mesh``, in place; returns it.
 
     ``placements`` (one per mesh dim) say how the model's inputs ``(batch, channels, *spatial)`` are
@@ -52,6 +56,12 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
     rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
     synchronised nor reduced, so they are refused (ValueError naming them), and so is a dfno layer's
     ``domain_padding`` on a spatial dim the mesh splits (PlanError); both before any collective.
+
+    ``reduction``: the factorised reduction of the "drift" layers' spectra over the ranks that share
+    a sample (a mesh shape such as ``(nodes, ranks_per_node)`` or a ``drift.reduction_mesh``; see
+    ``drift.TruncatedFFT``), made once here for every layer. It leaves every rank's share, and so the
+    weights, their placements and state dicts, as they are without it. ValueError before any
+    collective when it does not factor that rank count or a spectral layer is not "drift".
     """
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
     if d is None:
@@ -69,6 +79,12 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
             f"parallelize handles drift's layers only; these parameters would be neither synchronised nor "
             f"reduced: {', '.join(other)}"
         )
+    if reduction is not None:
+        others = sorted({m.method for m in model.modules() if isinstance(m, SpectralConv) and m.method != "drift"})
+        if others:
+            raise ValueError(f"reduction applies to method 'drift' only; the model has {', '.join(others)} layers")
+        if not isinstance(reduction, DeviceMesh):
+            reduction = reduction_mesh(mesh, spatial_axes, reduction)
     with torch.no_grad():
         for module in model.modules():
             if not isinstance(module, SpectralConv | PointwiseLinear):
@@ -84,6 +100,7 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
                     stored = distribute_tensor(value, mesh, (Replicate(),) * mesh.ndim).to_local()
                 setattr(module, name, nn.Parameter(stored, requires_grad=param.requires_grad))
             if isinstance(module, SpectralConv):
+                module.reduction = reduction
                 module.plans.clear()
     return model
 

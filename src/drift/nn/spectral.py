@@ -140,6 +140,7 @@ class SpectralConv(ComplexModule):
         self.weight = nn.Parameter(w.to(device))
         self.mesh = None
         self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
+        self.reduction = None  # set by parallelize: drift's reduction mesh, or None (one step per mesh dim)
         self.data_axes: tuple[int, ...] = ()
         self.plans = nn.ModuleDict()
         self._dfno_index: dict[str, tuple] = {}
@@ -148,6 +149,8 @@ class SpectralConv(ComplexModule):
         where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
         if any(self.domain_padding):
             where = f", domain_padding={self.domain_padding} ({self.domain_padding_mode}){where}"
+        if self.reduction is not None:
+            where += f", reduction={tuple(self.reduction.shape)}"
         return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -217,7 +220,9 @@ class SpectralConv(ComplexModule):
         common = dict(dtype=self._precision(), device=self.weight.device)
         where = (layout.global_shape, layout.mesh, layout.placements)
         if self.method == "drift":
-            return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, padding=padding, **common)
+            return TruncatedFFT(
+                *where[:1], modes, *where[1:], real=self.real, padding=padding, reduction=self.reduction, **common
+            )
         self.check_padding_split([p > 1 for p in layout.parts])
         where = (padded, *where[1:])  # the dfno methods transform the padded tensor
         kind = "r2c" if self.real else "c2c"
