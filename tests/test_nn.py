@@ -14,6 +14,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 import drift
 from drift.layout import to_dtensor
 from drift.nn import FNO, SpectralConv, parallelize
+from drift.nn.auto import Machine, choose_method, method_costs
 
 _MESHES: dict = {}
 
@@ -577,3 +578,96 @@ def _unhandled_parameter():
 
 def test_parallelize_refuses_parameters_it_cannot_reduce(ranks):
     assert ranks.run(2, _unhandled_parameter) == [True, True]
+
+
+# method="auto": the cost model's choice, and the function of the chosen method.
+
+CPU = Machine.default("cpu")
+
+
+@pytest.mark.parametrize("machine", [Machine.default("cpu"), Machine.default("cuda")], ids=["cpu", "cuda"])
+def test_auto_picks_drift_for_few_modes_and_dfno_pruned_for_all(machine):
+    few, every = ((64, 64, 32, 30), (8, 8, 8, 16)), ((64, 64, 64), (32, 32, 33))
+    for parts in [(1, 1, 1), (4, 1, 1), (2, 2, 1)]:
+        shape, modes = few
+        choice = choose_method(shape, modes, (*parts, 1), in_channels=20, out_channels=20, machine=machine)
+        assert choice.method == "drift", choice
+        shape, modes = every
+        choice = choose_method(shape, modes, parts, in_channels=20, out_channels=20, machine=machine)
+        assert choice.method == "dfno-pruned", choice
+        assert [c.method for c in choice.costs] == ["dfno-pruned", "drift"] and "auto chose dfno-pruned" in str(choice)
+
+
+def test_auto_cost_model_counts_flops_and_bytes():
+    # drift: the FLOP-optimal contraction per channel, forward (in) and inverse (out); one reduce-scatter
+    # of the in x M spectrum and one all-gather of the out x M one, (P - 1) / P of each sent.
+    shape, modes, local = (32, 16, 12), (4, 3, 5), (8, 16, 12)
+    kept, m = (8, 6, 5), 8 * 6 * 5
+    costs = {c.method: c for c in method_costs(shape, modes, (4, 1, 1), in_channels=3, out_channels=2, machine=CPU)}
+    assert costs["drift"].flops == 5 * drift.truncated.best_order(local, kept, True)[1]
+    assert costs["drift"].bytes_sent == 3 / 4 * (3 + 2) * m * 8
+    alpha, beta = CPU.alpha_s, CPU.beta_s_per_byte
+    assert math.isclose(costs["drift"].comm_s, 2 * 3 * alpha + 3 / 4 * 5 * m * 8 * beta)
+    # dfno-pruned: 1-D FFTs from the last dim, each truncated; all-to-alls of the truncated field.
+    lines = 32 * 16 * 2.5 * 12 * math.log2(12) + 32 * 5 * 5 * 16 * math.log2(16) + 6 * 5 * 5 * 32 * math.log2(32)
+    assert math.isclose(costs["dfno-pruned"].flops, 5 * lines / 4)
+    assert math.isclose(costs["dfno-pruned"].bytes_sent, 3 / 4 * 5 * 32 * 6 * 5 * 8 / 4)
+
+
+def test_auto_on_one_device_computes_the_chosen_method():
+    x = random_tensor((2, 3, 16, 16, 16), torch.float64, 4)
+    for modes, chosen in [((2, 2, 2), "drift"), ((8, 8, 9), "dfno-pruned")]:
+        torch.manual_seed(1)
+        auto = SpectralConv(3, 2, modes, method="auto", dtype=torch.float64)
+        torch.manual_seed(1)
+        explicit = SpectralConv(3, 2, modes, method=chosen, dtype=torch.float64)
+        expected = CPU if chosen == "drift" else Machine(1e9, 1e12, 0.0, 0.0)  # every mode: FFTs win at any rate
+        auto.choose_method((16, 16, 16), (1, 1, 1), expected)
+        assert auto.method == chosen and f"auto chose {chosen}" in repr(auto)
+        y = auto(x)
+        assert rel_err(y, explicit(x)) <= 1e-12
+        assert (
+            rel_err(y, reference_conv(x, auto.weight.detach(), auto.modes_at((16, 16, 16)), (16, 16, 16), True))
+            <= 1e-12
+        )
+    # Resolved at the first input when nothing chose before.
+    lazy = FNO(2, 1, 4, (2, 2, 2), n_layers=1, method="auto", dtype=torch.float64)
+    lazy(random_tensor((1, 2, 16, 16, 16), torch.float64, 5))
+    assert lazy.spectral[0].method == "drift" and lazy.spectral[0].choice.method == "drift"
+
+
+def _auto_parallel(shape, modes):
+    device = device_for(dist.get_rank())
+    torch.manual_seed(3)
+    model = FNO(2, 1, 6, modes, n_layers=2, method="auto", dtype=torch.float64, device=device)
+    mesh, placements = _mesh((2, 2, 1))
+    errors = []
+    with drift.comm_log() as log:
+        try:
+            parallelize(FNO(2, 1, 6, modes, n_layers=1, method="auto"), mesh, placements)
+        except ValueError as exc:
+            errors.append(str(exc))
+        try:
+            parallelize(FNO(2, 1, 6, (40, 2, 2), n_layers=1, method="auto"), mesh, placements, global_shape=shape)
+        except drift.PlanError as exc:
+            errors.append(str(exc))
+    assert log.calls == []
+    parallelize(model, mesh, placements, global_shape=shape)
+    x = random_tensor((2, 2, *shape), torch.float64, 8)
+    xd, _ = _distribute(x, mesh, placements, device)
+    return [m.method for m in model.spectral], model(xd).full_tensor().detach().cpu(), errors
+
+
+@pytest.mark.parametrize(
+    ("shape", "modes", "chosen"), [((16, 12, 10), (2, 2, 2), "drift"), ((32, 32, 16), (16, 16, 9), "dfno-pruned")]
+)
+def test_auto_parallelized_picks_by_the_mesh_and_computes_the_same_function(ranks, shape, modes, chosen):
+    torch.manual_seed(3)
+    single = FNO(2, 1, 6, modes, n_layers=2, method=chosen, dtype=torch.float64)
+    x = random_tensor((2, 2, *shape), torch.float64, 8)
+    y_ref = reference_fno(single, x)
+    for methods, y, errors in ranks.run(4, _auto_parallel, shape, modes):
+        assert methods == [chosen, chosen]
+        assert rel_err(y, y_ref) <= 1e-12
+        assert "method='auto' chooses by the grid: pass parallelize(..., global_shape=)" in errors[0]
+        assert "method='auto' at resolution" in errors[1] and "no method fits" in errors[1]

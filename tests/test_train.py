@@ -19,7 +19,7 @@ from drift import comm
 from drift.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from drift.cli import main
 from drift.data import generate
-from drift.train import Sharding, TrainConfig, build_model, evaluate, train
+from drift.train import Sharding, TrainConfig, build_model, check_config, evaluate, train
 
 DEVICE = os.environ.get(DEVICE_ENV, "cpu")
 
@@ -305,3 +305,15 @@ def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     one = train(_config(data, tmp_path / "one", epochs=2))
     assert _close(_losses(rows), _losses(one), 1e-5)
+
+
+def test_method_auto_chooses_by_the_data_grid(ranks, data, tmp_path):
+    config = _config(data, tmp_path / "run", method="auto", epochs=1)
+    check_config(config, 1)
+    model = build_model(config, DEVICE, None, (8, 8, 8, config.t_out))
+    assert [layer.method for layer in model.spectral] == ["drift", "drift"]
+    assert str(model.spectral[0].choice).startswith("auto chose drift at 8x8x8x4 on 1x1x1x1 ranks: drift ")
+    # On 2 ranks the same losses as drift's: it chose drift there too.
+    auto = ranks.run(2, _train, config)[0]
+    explicit = ranks.run(2, _train, dataclasses.replace(config, method="drift", out=str(tmp_path / "drift")))[0]
+    assert [r["train_loss"] for r in auto] == [r["train_loss"] for r in explicit]

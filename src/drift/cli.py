@@ -341,7 +341,12 @@ def _add_train(commands) -> None:
         help="reduce drift's spectra over the spatial ranks in steps, like 8x4 (8 nodes of 4 ranks on a slab): "
         "one reduce-scatter per entry, the last first; on a grid, consecutive entries split each split dim",
     )
-    train.add_argument("--method", choices=METHODS, default=d.method, help="spectral convolution")
+    train.add_argument(
+        "--method",
+        choices=(*METHODS, "auto"),
+        default=d.method,
+        help="spectral convolution (auto: the one drift's cost model predicts fastest for the grid and ranks)",
+    )
     train.add_argument("--width", type=positive(int), default=d.width, help="channels inside the FNO")
     train.add_argument("--modes", type=_modes, default=d.modes, help="modes per dim (x,y,z,t), Li et al.'s k")
     train.add_argument("--layers", type=positive(int), default=d.layers, help="Fourier blocks")
@@ -397,7 +402,7 @@ def _add_evaluate(commands) -> None:
         metavar="R",
         help="read the data at R points per spatial dim (every N/R-th point of its N; default: all of them)",
     )
-    ev.add_argument("--method", choices=METHODS, help="spectral convolution (default: the run's)")
+    ev.add_argument("--method", choices=(*METHODS, "auto"), help="spectral convolution (default: the run's)")
     ev.add_argument("--grid", type=_grid, help="spatial ranks per spatial dim (default: a slab)")
     ev.add_argument("--data-parallel", type=positive(int), default=1, metavar="D", help="data-parallel ranks")
     ev.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")

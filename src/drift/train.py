@@ -62,6 +62,8 @@ from drift.launch import GROUP_TIMEOUT_S, launched, process_group
 from drift.layout import chunk_sizes, chunk_slice, device_mesh, reduction_mesh, split_reduction, to_dtensor
 from drift.metrics import PDEBenchMetrics
 from drift.nn import FNO, METHODS, parallelize
+from drift.nn.auto import Machine
+from drift.nn.spectral import AUTO
 from drift.truncated import mode_lists
 
 if TYPE_CHECKING:
@@ -148,8 +150,8 @@ def check_config(config: TrainConfig, world_size: int) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
     if not config.lr > 0:
         raise ConfigError(f"--lr must be positive, got {config.lr}")
-    if config.method not in METHODS:
-        raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {config.method!r}")
+    if config.method not in (*METHODS, AUTO):
+        raise ConfigError(f"--method must be one of {', '.join((*METHODS, AUTO))}, got {config.method!r}")
     if config.on_nan not in ON_NAN:
         raise ConfigError(f"--on-nan must be one of {', '.join(ON_NAN)}, got {config.on_nan!r}")
     if config.split not in SPLITS:
@@ -292,9 +294,12 @@ def model_target(y: torch.Tensor) -> torch.Tensor:
     return y.movedim(2, -1)
 
 
-def build_model(config: TrainConfig, device, sharding: Sharding | None = None) -> FNO:
+def build_model(
+    config: TrainConfig, device, sharding: Sharding | None = None, global_shape: Sequence[int] | None = None
+) -> FNO:
     """The FNO for ``config``, its parameters drawn from ``torch.manual_seed(config.seed)`` (without
-    touching the caller's random state), parallelized over ``sharding``'s mesh when it has one."""
+    touching the caller's random state), parallelized over ``sharding``'s mesh when it has one.
+    ``global_shape``: the model's input extents (x, y, z, t_out), which ``--method auto`` chooses by."""
     fields = len(FIELDS)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
@@ -312,7 +317,10 @@ def build_model(config: TrainConfig, device, sharding: Sharding | None = None) -
         if config.reduction is not None:
             spatial = [a for a, p in enumerate(sharding.placements) if p.dim >= 2]
             reduction = reduction_mesh(sharding.mesh, spatial, config.reduction, timeout_s=GROUP_TIMEOUT_S)
-        parallelize(model, sharding.mesh, sharding.placements, reduction=reduction)
+        parallelize(model, sharding.mesh, sharding.placements, reduction=reduction, global_shape=global_shape)
+    elif config.method == AUTO and global_shape is not None:
+        for layer in model.spectral:
+            layer.choose_method(global_shape, (1,) * len(global_shape), Machine.default(torch.device(device).type))
     return model
 
 
@@ -505,7 +513,9 @@ def _train(config: TrainConfig) -> list[dict]:
     rank, out = comm.rank(), Path(config.out)
     data = Path(config.data) if config.data is not None else default_data_path()
     sharding = Sharding.build(config, comm.world_size(), device.type)
-    model = build_model(config, device, sharding)
+    model = build_model(config, device, sharding, (*read_layout(data)[2:], config.t_out))
+    if rank == 0 and config.progress and model.spectral[0].choice is not None:
+        print(f"drift train: method {model.spectral[0].choice}", flush=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     start, history, saved, final = 0, [], None, None
     if config.resume:  # the newest checkpoint that loads on every rank, and its statistics
@@ -694,7 +704,7 @@ def evaluate(
     option = f"--resolution {resolution}" if resolution else f"--data {config.data}"
     check_resolution(config, [n // stride for n in extents], comm.world_size(), option)
     sharding = Sharding.build(config, comm.world_size(), where.type)
-    model = build_model(config, where, sharding)
+    model = build_model(config, where, sharding, (*(n // stride for n in extents), config.t_out))
 
     def check(path: Path, meta: dict) -> None:
         _check_options(config, path, meta, names=MODEL_OPTIONS)

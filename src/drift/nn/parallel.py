@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -10,8 +11,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from drift.layout import reduction_mesh
+from drift.nn.auto import Machine
 from drift.nn.fno import PointwiseLinear
-from drift.nn.spectral import SpectralConv
+from drift.nn.spectral import AUTO, SpectralConv
 
 
 def _roles(mesh, placements: Sequence, d: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -40,7 +42,13 @@ def _roles(mesh, placements: Sequence, d: int) -> tuple[tuple[int, ...], tuple[i
 
 
 def parallelize(
-    model: nn.Module, mesh, placements: Sequence, *, reduction: Sequence[int] | DeviceMesh | None = None
+    model: nn.Module,
+    mesh,
+    placements: Sequence,
+    *,
+    reduction: Sequence[int] | DeviceMesh | None = None,
+    global_shape: Sequence[int] | None = None,
+    machine: Machine | None = None,
 ) -> nn.Module:
     """Make ``model`` (drift layers built on one device) distributed over ``mesh``, in place; returns it.
 
@@ -62,6 +70,11 @@ def parallelize(
     ``drift.TruncatedFFT``), made once here for every layer. It leaves every rank's share, and so the
     weights, their placements and state dicts, as they are without it. ValueError before any
     collective when it does not factor that rank count or a spectral layer is not "drift".
+
+    ``global_shape`` (the inputs' spatial extents) and ``machine`` (``drift.nn.auto.Machine``, default
+    ``Machine.default(mesh.device_type)``): for layers built with ``method="auto"``, which become the
+    method the cost model predicts fastest there (``layer.choice`` says why; dfno-pruned is no candidate
+    with ``reduction`` or with domain padding on a split dim). Required when there is such a layer.
     """
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
     if d is None:
@@ -69,9 +82,11 @@ def parallelize(
     placements = tuple(Shard(p.dim % (2 + d)) if isinstance(p, Shard) else p for p in placements)
     data_axes, spatial_axes = _roles(mesh, placements, d)
     split = [any(placements[a].dim == 2 + i and mesh.size(a) > 1 for a in spatial_axes) for i in range(d)]
-    for module in model.modules():
-        if isinstance(module, SpectralConv):
-            module.check_padding_split(split)
+    layers = [m for m in model.modules() if isinstance(m, SpectralConv)]
+    if any(m.method == AUTO for m in layers):
+        _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, reduction)
+    for module in layers:
+        module.check_padding_split(split)
     handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | PointwiseLinear) for p in m.parameters()}
     other = [name for name, p in model.named_parameters() if id(p) not in handled]
     if other:
@@ -103,6 +118,24 @@ def parallelize(
                 module.reduction = reduction
                 module.plans.clear()
     return model
+
+
+def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, reduction) -> None:
+    """Resolve the ``method="auto"`` layers for inputs of ``global_shape`` on this mesh (the same choice
+    on every rank: the model is deterministic); ValueError without ``global_shape``."""
+    d = layers[0].ndim
+    if global_shape is None or len(global_shape) != d:
+        raise ValueError(
+            f"method='auto' chooses by the grid: pass parallelize(..., global_shape=) the {d} spatial extents "
+            f"of the inputs, got {global_shape!r}"
+        )
+    parts = [math.prod(mesh.size(a) for a in spatial_axes if placements[a].dim == 2 + i) for i in range(d)]
+    machine = machine or Machine.default(mesh.device_type)
+    for layer in (m for m in layers if m.method == AUTO):
+        # dfno-pruned cannot pad a split dim, nor take a reduction mesh.
+        padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
+        excluded = ("dfno-pruned",) if padded_split or reduction is not None else ()
+        layer.choose_method(tuple(global_shape), parts, machine, excluded)
 
 
 def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple:

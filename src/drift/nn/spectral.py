@@ -34,11 +34,13 @@ from drift._plan import ComplexModule, complex_dtype, real_dtype
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
 from drift.layout import Layout, dtensor_layout, to_dtensor
+from drift.nn.auto import Machine, MethodChoice, choose_method
 from drift.nn.padding import check_padding_mode, crop_block, pad_block, padding_at, padding_fractions
 from drift.profiling import phase
 from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
 
 METHODS = ("drift", "dfno", "dfno-pruned")
+AUTO = "auto"  # a method chosen by drift.nn.auto's cost model (at parallelize, or at the first input on one device)
 MAX_PLANS = 4  # plans kept per layer (resolutions and layouts met most recently)
 
 
@@ -127,8 +129,8 @@ class SpectralConv(ComplexModule):
     ) -> None:
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method not in (*METHODS, AUTO):
+            raise ValueError(f"method must be one of {(*METHODS, AUTO)}, got {method!r}")
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"channel counts must be positive, got {in_channels} and {out_channels}")
         self.in_channels, self.out_channels, self.method, self.real = in_channels, out_channels, method, real
@@ -143,6 +145,7 @@ class SpectralConv(ComplexModule):
         self.reduction = None  # set by parallelize: drift's reduction mesh, or None (one step per mesh dim)
         self.data_axes: tuple[int, ...] = ()
         self.plans = nn.ModuleDict()
+        self.choice: MethodChoice | None = None  # what method="auto" chose, and why
         self._dfno_index: dict[str, tuple] = {}
 
     def extra_repr(self) -> str:
@@ -151,6 +154,8 @@ class SpectralConv(ComplexModule):
             where = f", domain_padding={self.domain_padding} ({self.domain_padding_mode}){where}"
         if self.reduction is not None:
             where += f", reduction={tuple(self.reduction.shape)}"
+        if self.choice is not None:
+            where += f" ({self.choice})"
         return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -208,8 +213,30 @@ class SpectralConv(ComplexModule):
         self.plans[key] = plan
         return plan
 
+    def choose_method(self, global_shape: Sequence[int], parts: Sequence[int], machine: Machine, excluded=()) -> None:
+        """Resolve ``method="auto"`` for inputs of ``global_shape`` split ``parts`` ways per dim: the
+        candidate ``drift.nn.auto.choose_method`` models fastest becomes ``method``, its reasons ``choice``."""
+        if self.method != AUTO:
+            raise ValueError(f"choose_method resolves method='auto'; this layer's method is {self.method!r}")
+        padding = self.padding_at(global_shape)
+        padded = tuple(n + b + a for n, (b, a) in zip(global_shape, padding, strict=True))
+        self.choice = choose_method(
+            padded,
+            self.mode_spec,
+            parts,
+            in_channels=self.in_channels,
+            out_channels=self.out_channels,
+            real=self.real,
+            complex_bytes=2 * torch.finfo(self._precision()).bits // 8,
+            machine=machine,
+            excluded=excluded,
+        )
+        self.method = self.choice.method
+
     @torch.inference_mode(False)  # a plan first built in an inference pass must serve training later
     def _build_plan(self, layout: Layout) -> nn.Module:
+        if self.method == AUTO:  # on one device: the model needs only the resolution, no weight moves
+            self.choose_method(layout.global_shape, layout.parts, Machine.default(self.weight.device.type))
         padding = self.padding_at(layout.global_shape)
         padded = tuple(n + b + a for n, (b, a) in zip(layout.global_shape, padding, strict=True))
         try:
