@@ -98,6 +98,8 @@ class FNO(nn.Module):
 
     Built on one device it is an ordinary module taking plain tensors; ``drift.nn.parallelize(model,
     mesh, placements)`` makes it take and return DTensors, its spectral weights sharded over the mesh.
+    ``factorization`` ("tucker" or "cp") and ``rank`` hold every spectral weight as factors
+    (neuraloperator's TFNO / CP-FNO; see ``SpectralConv``).
     """
 
     def __init__(
@@ -109,6 +111,8 @@ class FNO(nn.Module):
         n_layers: int = 4,
         *,
         method: str = "drift",
+        factorization: str | None = None,
+        rank: float | int | Sequence[int] = 1.0,
         projection_width: int = PROJECTION_WIDTH,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -121,7 +125,8 @@ class FNO(nn.Module):
         self.spectral = nn.ModuleList()
         self.pointwise = nn.ModuleList()
         for _ in range(n_layers):
-            self.spectral.append(SpectralConv(width, width, modes, method=method, **factory))
+            factors = dict(factorization=factorization, rank=rank)
+            self.spectral.append(SpectralConv(width, width, modes, method=method, **factors, **factory))
             self.pointwise.append(PointwiseLinear(width, width, **factory))
         self.project_hidden = PointwiseLinear(width, projection_width, **factory)
         self.project_out = PointwiseLinear(projection_width, out_channels, **factory)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from drift.nn.factorized import FactorizedWeight
 from drift.nn.fno import PointwiseLinear
 from drift.nn.spectral import SpectralConv
 
@@ -47,7 +48,8 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
     Parameters keep their current values, taken from the mesh's first rank (so every rank starts
     alike). Spectral weights become DTensors: sharded over the spatial mesh dims as their method
     stores them (each rank keeps its share) and replicated over the data dims. Every other parameter
-    stays a plain tensor replicated on every rank. drift reduces the gradients itself (no DDP or FSDP
+    stays a plain tensor replicated on every rank, the factors of factorized spectral weights too
+    (each rank rebuilds the part of the weight it uses from them). drift reduces the gradients itself (no DDP or FSDP
     wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over ranks of each
     rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
     synchronised nor reduced, so they are refused (ValueError naming them).
@@ -66,6 +68,11 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
         )
     with torch.no_grad():
         for module in model.modules():
+            if isinstance(module, FactorizedWeight):  # its SpectralConv came first and was checked
+                module.mesh = mesh
+                for param in module.parameters():
+                    param.copy_(distribute_tensor(param.detach(), mesh, (Replicate(),) * mesh.ndim).to_local())
+                continue
             if not isinstance(module, SpectralConv | PointwiseLinear):
                 continue
             if module.mesh is not None:

@@ -18,6 +18,11 @@ stores (its ``weight`` is then a DTensor):
 - "dfno": Grady et al.'s baseline, a full ``DistributedFFT`` whose transposes move the whole field and
   truncation inside each rank's spectral block. Its blocks hold kept modes in no ``torch.chunk``
   pattern, so ``W`` is replicated (each rank uses its modes; the gradient is summed over ranks).
+
+With ``factorization`` ("tucker" or "cp", neuraloperator's TFNO / CP-FNO) ``W`` is held as small
+factors (``drift.nn.factorized``), replicated on every rank, their gradients summed over the mesh; each
+rank rebuilds only the part of ``W`` it multiplies (its K1 share, spectral block or modes), never all
+of ``W``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from drift._plan import ComplexModule, complex_dtype, real_dtype
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
 from drift.layout import Layout, dtensor_layout, to_dtensor
+from drift.nn.factorized import FactorizedWeight
 from drift.profiling import phase
 from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
 
@@ -95,12 +101,16 @@ class SpectralConv(ComplexModule):
             (see ``drift.truncated.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (the module docstring); they compute the same function.
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
+        factorization: None (a dense weight), "tucker" or "cp": the weight held as factors of that
+            ``rank`` (a float: the fraction of the dense parameter count; an int or a Tucker tuple: the
+            rank itself), as neuraloperator's ``factorization`` / ``rank`` (``drift.nn.factorized``).
         dtype, device: the weight's real precision (float32 or float64; default torch's default dtype)
             and device.
 
     ``weight``: ``(in, out, K1, ..., Kd)`` complex, initialised as Li et al. from torch's default
-    generator. Input and output are plain tensors on one device, or DTensors once the layer (or its
-    model) is parallelized by ``drift.nn.parallelize``. Under ``torch.autocast`` the transform and the
+    generator; factorized, a ``FactorizedWeight`` of that shape (initialised as neuraloperator). Input
+    and output are plain tensors on one device, or DTensors once the layer (or its model) is
+    parallelized by ``drift.nn.parallelize``. Under ``torch.autocast`` the transform and the
     channel mixing run in the weight's precision (float32 / complex64) and return it.
     """
 
@@ -112,6 +122,8 @@ class SpectralConv(ComplexModule):
         *,
         method: str = "drift",
         real: bool = True,
+        factorization: str | None = None,
+        rank: float | int | Sequence[int] = 1.0,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
@@ -124,8 +136,12 @@ class SpectralConv(ComplexModule):
         self.in_channels, self.out_channels, self.method, self.real = in_channels, out_channels, method, real
         self.mode_shape = mode_counts(modes, real)
         self.mode_spec = tuple(m if isinstance(m, int) else tuple(m) for m in modes)
-        w = spectral_weight(in_channels, out_channels, self.mode_shape, dtype)
-        self.weight = nn.Parameter(w.to(device))
+        self.factorization = factorization
+        if factorization is None:
+            self.weight = nn.Parameter(spectral_weight(in_channels, out_channels, self.mode_shape, dtype).to(device))
+        else:
+            shape = (in_channels, out_channels, *self.mode_shape)
+            self.weight = FactorizedWeight(shape, factorization, rank, dtype=dtype, device=device)
         self.mesh = None
         self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
         self.data_axes: tuple[int, ...] = ()
@@ -134,7 +150,11 @@ class SpectralConv(ComplexModule):
 
     def extra_repr(self) -> str:
         where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
-        return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
+        factors = "" if self.factorization is None else f", factorization={self.factorization!r}"
+        return (
+            f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}"
+            f"{factors}{where}"
+        )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """A whole weight loads into a parallelized layer (each rank keeps its share, no communication)
@@ -202,8 +222,7 @@ class SpectralConv(ComplexModule):
             inside = [(p, f - s.start) for p, f in enumerate(kept) if s.start <= f < s.stop]
             positions.append(torch.tensor([p for p, _ in inside], dtype=torch.int64))
             offsets.append(torch.tensor([o for _, o in inside], dtype=torch.int64))
-        grid = (torch.meshgrid(*positions, indexing="ij"), torch.meshgrid(*offsets, indexing="ij"))
-        self._dfno_index[_plan_key(layout)] = grid
+        self._dfno_index[_plan_key(layout)] = (tuple(positions), torch.meshgrid(*offsets, indexing="ij"))
         return plan
 
     def _precision(self) -> torch.dtype:
@@ -263,20 +282,31 @@ class SpectralConv(ComplexModule):
             )
         return self._convolve(x, layout)
 
-    def _local_weight(self) -> torch.Tensor:
-        """This rank's part of the weight, its gradient summed over the ranks that share it."""
+    def _local_weight(self, plan: nn.Module, layout: Layout) -> torch.Tensor:
+        """The part of the weight this rank multiplies for ``plan``, ``(in, out, *its modes)``, its gradient
+        summed over the ranks that share it: its K1 share (drift), its spectral block (dfno-pruned) or
+        the kept modes inside its spectral block (dfno)."""
         w = self.weight
-        if not isinstance(w, DTensor):
-            return w
-        local = w.to_local()
-        for axis, p in enumerate(w.placements):
-            if isinstance(p, Replicate) and self.mesh.size(axis) > 1:
-                local = comm.replicate(local, group=self.mesh.get_group(axis))
-        return local
+        if isinstance(w, FactorizedWeight):
+            if self.method == "drift":
+                return w.block((None, None, plan.share_slice()))
+            if self.method == "dfno-pruned":
+                return w.block((None, None, *plan.output_slices()))
+            return w.block((None, None, *self._dfno_index[_plan_key(layout)][0]))
+        if isinstance(w, DTensor):
+            local = w.to_local()
+            for axis, p in enumerate(w.placements):
+                if isinstance(p, Replicate) and self.mesh.size(axis) > 1:
+                    local = comm.replicate(local, group=self.mesh.get_group(axis))
+            w = local
+        if self.method == "dfno":
+            positions = torch.meshgrid(*self._dfno_index[_plan_key(layout)][0], indexing="ij")
+            return w[(slice(None), slice(None), *(p.to(w.device) for p in positions))]
+        return w
 
     def _convolve(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
         plan = self.plan(layout)
-        w = self._local_weight()
+        w = self._local_weight(plan, layout)
         if self.method == "drift":
             with phase("transform"):
                 shares = plan(x, sharded=True)  # (b, in, k1_loc, K2, ..., Kd)
@@ -292,10 +322,10 @@ class SpectralConv(ComplexModule):
             with phase("transform"):
                 return plan.inverse(mixed)
         with phase("multiply"):
-            positions, offsets = self._dfno_index[_plan_key(layout)]
+            offsets = self._dfno_index[_plan_key(layout)][1]
             device = spectrum.device
             kept = spectrum[(..., *(o.to(device) for o in offsets))]
-            mixed = mix_channels(kept, w[(slice(None), slice(None), *(p.to(device) for p in positions))])
+            mixed = mix_channels(kept, w)
             block = mixed.new_zeros(*mixed.shape[:2], *spectrum.shape[2:])
             block[(..., *(o.to(device) for o in offsets))] = mixed
         with phase("transform"):
