@@ -238,6 +238,8 @@ def _fails_with_one_line(capsys, argv, names) -> None:
         (["--t-out", "9"], "--t-out"),
         (["--method", "fft"], "--method"),
         (["--lr", "0"], "--lr"),
+        (["--factorization", "tt"], "--factorization"),
+        (["--factorization", "cp", "--rank", "0.001"], "--rank 0.001: rank = 0.001 rounds to a CP rank of 0"),
     ],
 )
 def test_bad_train_options_fail_with_one_line(capsys, data, tmp_path, args, names):
@@ -290,3 +292,13 @@ def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     one = train(_config(data, tmp_path / "one", epochs=2))
     assert _close(_losses(rows), _losses(one), 1e-5)
+
+
+def test_factorized_run_evaluates_and_resumes_only_as_factorized(capsys, data, tmp_path):
+    out = tmp_path / "tucker"
+    history = train(_config(data, out, epochs=1, factorization="tucker", rank=0.5))
+    # evaluate builds the run's model from its checkpoint's options: factors, no dense weights
+    assert abs(evaluate(out)["test_rel_l2"] - history[-1]["test_rel_l2"]) <= 1e-5 * history[-1]["test_rel_l2"]
+    resume = ["train", "--data", data, "--out", str(out), "--epochs", "2", "--resume", *TINY]
+    _fails_with_one_line(capsys, [*resume, "--factorization", "tucker"], "--rank")
+    _fails_with_one_line(capsys, resume, "--factorization")

@@ -56,7 +56,9 @@ from drift.checkpoint import (
 from drift.data import FIELDS, PDEBench3D, Stats, generate, read_layout
 from drift.launch import GROUP_TIMEOUT_S, launched, process_group
 from drift.layout import chunk_sizes, chunk_slice, device_mesh, to_dtensor
-from drift.nn import FNO, METHODS, parallelize
+from drift.nn import FACTORIZATIONS, FNO, METHODS, parallelize
+from drift.nn.factorized import cp_rank, tucker_rank
+from drift.nn.spectral import mode_counts
 from drift.truncated import mode_lists
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ if TYPE_CHECKING:
 # The small data set `drift train` writes when --data is not given.
 DEFAULT_DATA = dict(samples=64, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
-MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out")
+MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out", "factorization", "rank")
 # What a non-finite loss or gradient norm does: stop the run, or skip that batch.
 ON_NAN = ("stop", "skip-batch")
 
@@ -88,6 +90,8 @@ class TrainConfig:
     method: str = "drift"
     width: int = 20
     modes: tuple[int, int, int, int] = (4, 4, 4, 4)
+    factorization: str | None = None
+    rank: float = 1.0
     layers: int = 4
     epochs: int = 15
     lr: float = 3e-3
@@ -137,6 +141,16 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"--lr must be positive, got {config.lr}")
     if config.method not in METHODS:
         raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {config.method!r}")
+    if config.factorization is not None:
+        if config.factorization not in FACTORIZATIONS:
+            raise ConfigError(
+                f"--factorization must be one of {', '.join(FACTORIZATIONS)}, got {config.factorization!r}"
+            )
+        shape = (config.width, config.width, *mode_counts(config.modes, real=True))
+        try:
+            (tucker_rank if config.factorization == "tucker" else cp_rank)(shape, config.rank)
+        except ValueError as exc:
+            raise ConfigError(f"--rank {config.rank}: {exc}") from None
     if config.on_nan not in ON_NAN:
         raise ConfigError(f"--on-nan must be one of {', '.join(ON_NAN)}, got {config.on_nan!r}")
     if config.device not in ("cpu", "cuda"):
@@ -258,6 +272,8 @@ def build_model(config: TrainConfig, device, sharding: Sharding | None = None) -
             config.modes,
             config.layers,
             method=config.method,
+            factorization=config.factorization,
+            rank=config.rank,
             device=device,
         )
     if sharding is not None and sharding.mesh is not None:
@@ -322,7 +338,8 @@ def _check_options(
     names: Sequence[str] = (*MODEL_OPTIONS, "method", "lr", "batch_size"),
 ) -> None:
     """CheckpointError naming the first of ``names`` the checkpoint at ``path`` was trained with otherwise."""
-    saved = meta["config"]
+    defaults = TrainConfig()  # for options added after the checkpoint was written
+    saved = {name: json.loads(json.dumps(getattr(defaults, name))) for name in names} | meta["config"]
     for name in names:
         if json.loads(json.dumps(getattr(config, name))) != saved[name]:
             option = f"--{name.replace('_', '-')}"

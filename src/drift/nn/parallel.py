@@ -49,9 +49,9 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
     alike). Spectral weights become DTensors: sharded over the spatial mesh dims as their method
     stores them (each rank keeps its share) and replicated over the data dims. Every other parameter
     stays a plain tensor replicated on every rank, the factors of factorized spectral weights too
-    (each rank rebuilds the part of the weight it uses from them). drift reduces the gradients itself (no DDP or FSDP
-    wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over ranks of each
-    rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
+    (each rank rebuilds the part of the weight it uses from them). drift reduces the gradients itself
+    (no DDP or FSDP wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over
+    ranks of each rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
     synchronised nor reduced, so they are refused (ValueError naming them).
     """
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)

@@ -306,7 +306,8 @@ class SpectralConv(ComplexModule):
 
     def _convolve(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
         plan = self.plan(layout)
-        w = self._local_weight(plan, layout)
+        with phase("multiply"):
+            w = self._local_weight(plan, layout)
         if self.method == "drift":
             with phase("transform"):
                 shares = plan(x, sharded=True)  # (b, in, k1_loc, K2, ..., Kd)
