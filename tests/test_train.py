@@ -253,6 +253,8 @@ def _fails_with_one_line(capsys, argv, names) -> None:
         (["--reduction", "2", "--nproc", "2", "--method", "dfno"], "--reduction"),
         (["--reduction", "2x0"], "--reduction"),
         (["--reduction", "4", "--nproc", "4", "--grid", "2x2x1"], "--reduction"),
+        (["--factorization", "tt"], "--factorization"),
+        (["--factorization", "cp", "--rank", "0.001"], "--rank 0.001: rank = 0.001 rounds to a CP rank of 0"),
     ],
 )
 def test_bad_train_options_fail_with_one_line(capsys, data, tmp_path, args, names):
@@ -317,3 +319,13 @@ def test_method_auto_chooses_by_the_data_grid(ranks, data, tmp_path):
     auto = ranks.run(2, _train, config)[0]
     explicit = ranks.run(2, _train, dataclasses.replace(config, method="drift", out=str(tmp_path / "drift")))[0]
     assert [r["train_loss"] for r in auto] == [r["train_loss"] for r in explicit]
+
+
+def test_factorized_run_evaluates_and_resumes_only_as_factorized(capsys, data, tmp_path):
+    out = tmp_path / "tucker"
+    history = train(_config(data, out, epochs=1, factorization="tucker", rank=0.5))
+    # evaluate builds the run's model from its checkpoint's options: factors, no dense weights
+    assert abs(evaluate(out)["test_rel_l2"] - history[-1]["test_rel_l2"]) <= 1e-5 * history[-1]["test_rel_l2"]
+    resume = ["train", "--data", data, "--out", str(out), "--epochs", "2", "--resume", *TINY]
+    _fails_with_one_line(capsys, [*resume, "--factorization", "tucker"], "--rank")
+    _fails_with_one_line(capsys, resume, "--factorization")

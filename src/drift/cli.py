@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_train(commands) -> None:
     from drift.data import SPLITS
-    from drift.nn import METHODS
+    from drift.nn import FACTORIZATIONS, METHODS
     from drift.train import ON_NAN, TrainConfig
 
     d = TrainConfig()
@@ -349,6 +349,17 @@ def _add_train(commands) -> None:
     )
     train.add_argument("--width", type=positive(int), default=d.width, help="channels inside the FNO")
     train.add_argument("--modes", type=_modes, default=d.modes, help="modes per dim (x,y,z,t), Li et al.'s k")
+    train.add_argument(
+        "--factorization",
+        choices=FACTORIZATIONS,
+        help="hold the spectral weights as Tucker or CP factors (neuraloperator's TFNO; default: dense)",
+    )
+    train.add_argument(
+        "--rank",
+        type=positive(float),
+        default=d.rank,
+        help="with --factorization: the factors' share of the dense spectral parameters, like 0.05",
+    )
     train.add_argument("--layers", type=positive(int), default=d.layers, help="Fourier blocks")
     train.add_argument("--epochs", type=positive(int), default=d.epochs)
     train.add_argument("--lr", type=positive(float), default=d.lr, help="Adam learning rate")

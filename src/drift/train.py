@@ -61,9 +61,10 @@ from drift.data import FIELDS, SPLITS, PDEBench3D, Stats, generate, held_out_tra
 from drift.launch import GROUP_TIMEOUT_S, launched, process_group
 from drift.layout import chunk_sizes, chunk_slice, device_mesh, reduction_mesh, split_reduction, to_dtensor
 from drift.metrics import PDEBenchMetrics
-from drift.nn import FNO, METHODS, parallelize
+from drift.nn import FACTORIZATIONS, FNO, METHODS, parallelize
 from drift.nn.auto import Machine
-from drift.nn.spectral import AUTO
+from drift.nn.factorized import cp_rank, tucker_rank
+from drift.nn.spectral import AUTO, mode_counts
 from drift.truncated import mode_lists
 
 if TYPE_CHECKING:
@@ -72,13 +73,13 @@ if TYPE_CHECKING:
 # The small data set `drift train` writes when --data is not given.
 DEFAULT_DATA = dict(samples=64, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
-MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out")
+MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out", "factorization", "rank")
 # What a checkpoint's meta.json holds (one without all of them is passed over as damaged).
 META_KEYS = ("epoch", "world_size", "config", "stats", "global_shape", "history")
 # What a non-finite loss or gradient norm does: stop the run, or skip that batch.
 ON_NAN = ("stop", "skip-batch")
 # Options checkpoints written before the option existed were trained with.
-LEGACY_OPTIONS = dict(split="last")
+LEGACY_OPTIONS = dict(split="last", factorization=None, rank=1.0)
 
 
 class ConfigError(ValueError):
@@ -100,6 +101,8 @@ class TrainConfig:
     method: str = "drift"
     width: int = 20
     modes: tuple[int, int, int, int] = (4, 4, 4, 4)
+    factorization: str | None = None
+    rank: float = 1.0
     layers: int = 4
     epochs: int = 15
     lr: float = 3e-3
@@ -152,6 +155,16 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"--lr must be positive, got {config.lr}")
     if config.method not in (*METHODS, AUTO):
         raise ConfigError(f"--method must be one of {', '.join((*METHODS, AUTO))}, got {config.method!r}")
+    if config.factorization is not None:
+        if config.factorization not in FACTORIZATIONS:
+            raise ConfigError(
+                f"--factorization must be one of {', '.join(FACTORIZATIONS)}, got {config.factorization!r}"
+            )
+        shape = (config.width, config.width, *mode_counts(config.modes, real=True))
+        try:
+            (tucker_rank if config.factorization == "tucker" else cp_rank)(shape, config.rank)
+        except ValueError as exc:
+            raise ConfigError(f"--rank {config.rank}: {exc}") from None
     if config.on_nan not in ON_NAN:
         raise ConfigError(f"--on-nan must be one of {', '.join(ON_NAN)}, got {config.on_nan!r}")
     if config.split not in SPLITS:
@@ -310,6 +323,8 @@ def build_model(
             config.modes,
             config.layers,
             method=config.method,
+            factorization=config.factorization,
+            rank=config.rank,
             device=device,
         )
     if sharding is not None and sharding.mesh is not None:

@@ -107,6 +107,8 @@ class FNO(nn.Module):
     projection, so its padded region carries values from block to block: the same weights give
     different functions in the two libraries. Per-layer padding is what implicit padding (no padded
     tensor) can compute.
+    ``factorization`` ("tucker" or "cp") and ``rank`` hold every spectral weight as factors
+    (neuraloperator's TFNO / CP-FNO; see ``SpectralConv``).
     """
 
     def __init__(
@@ -118,6 +120,8 @@ class FNO(nn.Module):
         n_layers: int = 4,
         *,
         method: str = "drift",
+        factorization: str | None = None,
+        rank: float | int | Sequence[int] = 1.0,
         projection_width: int = PROJECTION_WIDTH,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -133,7 +137,8 @@ class FNO(nn.Module):
         self.spectral = nn.ModuleList()
         self.pointwise = nn.ModuleList()
         for _ in range(n_layers):
-            self.spectral.append(SpectralConv(width, width, modes, method=method, **padding, **factory))
+            factors = dict(factorization=factorization, rank=rank)
+            self.spectral.append(SpectralConv(width, width, modes, method=method, **padding, **factors, **factory))
             self.pointwise.append(PointwiseLinear(width, width, **factory))
         self.project_hidden = PointwiseLinear(width, projection_width, **factory)
         self.project_out = PointwiseLinear(projection_width, out_channels, **factory)

@@ -1,4 +1,4 @@
-"""Spectral weights to and from neuraloperator's ``SpectralConv`` (dense weights, v2.0 layout).
+"""Spectral weights to and from neuraloperator's ``SpectralConv`` (v2.0 layout): dense, or Tucker / CP factors.
 
 neuraloperator stores a dense weight ``(in, out, *counts)`` over the kept modes in fftshift order:
 along every dim but the last, ``counts[i]`` modes with frequencies ``-(counts[i] // 2) .. counts[i] -
@@ -74,3 +74,26 @@ def to_neuralop_weight(
             raise ValueError(f"weight has {out.shape[2 + dim]} modes on dim {dim}, drift's modes keep {len(pos)}")
         out = out.index_select(2 + dim, torch.argsort(pos).to(out.device))
     return out
+
+
+def from_neuralop_factors(
+    weight, global_shape: Sequence[int], modes: ModeSpec | Sequence[ModeSpec], real: bool = True
+) -> dict:
+    """A neuraloperator factorized spectral weight (tensorly-torch's ``TuckerTensor`` or ``CPTensor`` of
+    shape ``(in, out, *counts)``) as the state dict of drift's ``FactorizedWeight`` for ``modes`` (load
+    it with ``layer.weight.load_state_dict(...)``): the same core or weights, the rows of each mode
+    factor in drift's order."""
+    lead = "core" if hasattr(weight, "core") else "weights"
+    state = {lead: getattr(weight, lead).detach()}
+    factors = [f.detach() for f in weight.factors]
+    positions = _positions(global_shape, modes, real)
+    if len(factors) != 2 + len(positions):
+        raise ValueError(f"weight has {len(factors)} factors, drift's modes need {2 + len(positions)}")
+    for j, factor in enumerate(factors):
+        if j >= 2:
+            pos = positions[j - 2]
+            if factor.shape[0] != len(pos):
+                raise ValueError(f"weight has {factor.shape[0]} modes on dim {j - 2}, drift's modes keep {len(pos)}")
+            factor = factor.index_select(0, pos.to(factor.device))
+        state[f"factors.{j}"] = factor
+    return state

@@ -12,6 +12,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from drift.layout import reduction_mesh
 from drift.nn.auto import Machine
+from drift.nn.factorized import FactorizedWeight
 from drift.nn.fno import PointwiseLinear
 from drift.nn.spectral import AUTO, SpectralConv
 
@@ -59,11 +60,12 @@ def parallelize(
     Parameters keep their current values, taken from the mesh's first rank (so every rank starts
     alike). Spectral weights become DTensors: sharded over the spatial mesh dims as their method
     stores them (each rank keeps its share) and replicated over the data dims. Every other parameter
-    stays a plain tensor replicated on every rank. drift reduces the gradients itself (no DDP or FSDP
-    wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over ranks of each
-    rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
-    synchronised nor reduced, so they are refused (ValueError naming them), and so is a dfno layer's
-    ``domain_padding`` on a spatial dim the mesh splits (PlanError); both before any collective.
+    stays a plain tensor replicated on every rank, the factors of factorized spectral weights too
+    (each rank rebuilds the part of the weight it uses from them). drift reduces the gradients itself
+    (no DDP or FSDP wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over
+    ranks of each rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would
+    be neither synchronised nor reduced, so they are refused (ValueError naming them), and so is a dfno
+    layer's ``domain_padding`` on a spatial dim the mesh splits (PlanError); both before any collective.
 
     ``reduction``: the factorised reduction of the "drift" layers' spectra over the ranks that share
     a sample (a mesh shape such as ``(nodes, ranks_per_node)`` or a ``drift.reduction_mesh``; see
@@ -102,6 +104,11 @@ def parallelize(
             reduction = reduction_mesh(mesh, spatial_axes, reduction)
     with torch.no_grad():
         for module in model.modules():
+            if isinstance(module, FactorizedWeight):  # its SpectralConv came first and was checked
+                module.mesh = mesh
+                for param in module.parameters():
+                    param.copy_(distribute_tensor(param.detach(), mesh, (Replicate(),) * mesh.ndim).to_local())
+                continue
             if not isinstance(module, SpectralConv | PointwiseLinear):
                 continue
             if module.mesh is not None:

@@ -19,6 +19,11 @@ the spectrum is reached and which share of ``W`` a rank stores (its ``weight`` i
 - "dfno": Grady et al.'s baseline, a full ``DistributedFFT`` whose transposes move the whole field and
   truncation inside each rank's spectral block. Its blocks hold kept modes in no ``torch.chunk``
   pattern, so ``W`` is replicated (each rank uses its modes; the gradient is summed over ranks).
+
+With ``factorization`` ("tucker" or "cp", neuraloperator's TFNO / CP-FNO) ``W`` is held as small
+factors (``drift.nn.factorized``), replicated on every rank, their gradients summed over the mesh; each
+rank rebuilds only the part of ``W`` it multiplies (its K1 share, spectral block or modes), never all
+of ``W``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from drift.errors import PlanError
 from drift.fft import DistributedFFT
 from drift.layout import Layout, dtensor_layout, to_dtensor
 from drift.nn.auto import Machine, MethodChoice, choose_method
+from drift.nn.factorized import FactorizedWeight
 from drift.nn.padding import check_padding_mode, crop_block, pad_block, padding_at, padding_fractions
 from drift.profiling import phase
 from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
@@ -99,6 +105,9 @@ class SpectralConv(ComplexModule):
             (see ``drift.truncated.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (the module docstring); they compute the same function.
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
+        factorization: None (a dense weight), "tucker" or "cp": the weight held as factors of that
+            ``rank`` (a float: the fraction of the dense parameter count; an int or a Tucker tuple: the
+            rank itself), as neuraloperator's ``factorization`` / ``rank`` (``drift.nn.factorized``).
         dtype, device: the weight's real precision (float32 or float64; default torch's default dtype)
             and device.
         domain_padding: zero padding of the input as a fraction of each spatial extent (one number,
@@ -109,8 +118,9 @@ class SpectralConv(ComplexModule):
         domain_padding_mode: "symmetric" (both sides, neuraloperator 2.0) or "one-sided" (after).
 
     ``weight``: ``(in, out, K1, ..., Kd)`` complex, initialised as Li et al. from torch's default
-    generator. Input and output are plain tensors on one device, or DTensors once the layer (or its
-    model) is parallelized by ``drift.nn.parallelize``. Under ``torch.autocast`` the transform and the
+    generator; factorized, a ``FactorizedWeight`` of that shape (initialised as neuraloperator). Input
+    and output are plain tensors on one device, or DTensors once the layer (or its model) is
+    parallelized by ``drift.nn.parallelize``. Under ``torch.autocast`` the transform and the
     channel mixing run in the weight's precision (float32 / complex64) and return it.
     """
 
@@ -122,6 +132,8 @@ class SpectralConv(ComplexModule):
         *,
         method: str = "drift",
         real: bool = True,
+        factorization: str | None = None,
+        rank: float | int | Sequence[int] = 1.0,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         domain_padding: float | Sequence[float] | None = None,
@@ -138,8 +150,12 @@ class SpectralConv(ComplexModule):
         self.mode_spec = tuple(m if isinstance(m, int) else tuple(m) for m in modes)
         self.domain_padding = padding_fractions(domain_padding, len(self.mode_shape))
         self.domain_padding_mode = check_padding_mode(domain_padding_mode)
-        w = spectral_weight(in_channels, out_channels, self.mode_shape, dtype)
-        self.weight = nn.Parameter(w.to(device))
+        self.factorization = factorization
+        if factorization is None:
+            self.weight = nn.Parameter(spectral_weight(in_channels, out_channels, self.mode_shape, dtype).to(device))
+        else:
+            shape = (in_channels, out_channels, *self.mode_shape)
+            self.weight = FactorizedWeight(shape, factorization, rank, dtype=dtype, device=device)
         self.mesh = None
         self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
         self.reduction = None  # set by parallelize: drift's reduction mesh, or None (one step per mesh dim)
@@ -150,6 +166,8 @@ class SpectralConv(ComplexModule):
 
     def extra_repr(self) -> str:
         where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
+        if self.factorization is not None:
+            where = f", factorization={self.factorization!r}{where}"
         if any(self.domain_padding):
             where = f", domain_padding={self.domain_padding} ({self.domain_padding_mode}){where}"
         if self.reduction is not None:
@@ -269,8 +287,7 @@ class SpectralConv(ComplexModule):
             inside = [(p, f - s.start) for p, f in enumerate(kept) if s.start <= f < s.stop]
             positions.append(torch.tensor([p for p, _ in inside], dtype=torch.int64))
             offsets.append(torch.tensor([o for _, o in inside], dtype=torch.int64))
-        grid = (torch.meshgrid(*positions, indexing="ij"), torch.meshgrid(*offsets, indexing="ij"))
-        self._dfno_index[_plan_key(layout)] = grid
+        self._dfno_index[_plan_key(layout)] = (tuple(positions), torch.meshgrid(*offsets, indexing="ij"))
         return plan
 
     def _precision(self) -> torch.dtype:
@@ -330,20 +347,32 @@ class SpectralConv(ComplexModule):
             )
         return self._convolve(x, layout)
 
-    def _local_weight(self) -> torch.Tensor:
-        """This rank's part of the weight, its gradient summed over the ranks that share it."""
+    def _local_weight(self, plan: nn.Module, layout: Layout) -> torch.Tensor:
+        """The part of the weight this rank multiplies for ``plan``, ``(in, out, *its modes)``, its gradient
+        summed over the ranks that share it: its K1 share (drift), its spectral block (dfno-pruned) or
+        the kept modes inside its spectral block (dfno)."""
         w = self.weight
-        if not isinstance(w, DTensor):
-            return w
-        local = w.to_local()
-        for axis, p in enumerate(w.placements):
-            if isinstance(p, Replicate) and self.mesh.size(axis) > 1:
-                local = comm.replicate(local, group=self.mesh.get_group(axis))
-        return local
+        if isinstance(w, FactorizedWeight):
+            if self.method == "drift":
+                return w.block((None, None, plan.share_slice()))
+            if self.method == "dfno-pruned":
+                return w.block((None, None, *plan.output_slices()))
+            return w.block((None, None, *self._dfno_index[_plan_key(layout)][0]))
+        if isinstance(w, DTensor):
+            local = w.to_local()
+            for axis, p in enumerate(w.placements):
+                if isinstance(p, Replicate) and self.mesh.size(axis) > 1:
+                    local = comm.replicate(local, group=self.mesh.get_group(axis))
+            w = local
+        if self.method == "dfno":
+            positions = torch.meshgrid(*self._dfno_index[_plan_key(layout)][0], indexing="ij")
+            return w[(slice(None), slice(None), *(p.to(w.device) for p in positions))]
+        return w
 
     def _convolve(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
         plan = self.plan(layout)
-        w = self._local_weight()
+        with phase("multiply"):
+            w = self._local_weight(plan, layout)
         if self.method == "drift":
             with phase("transform"):
                 shares = plan(x, sharded=True)  # (b, in, k1_loc, K2, ..., Kd)
@@ -360,10 +389,10 @@ class SpectralConv(ComplexModule):
             with phase("transform"):
                 return crop_block(plan.inverse(mixed), padding)
         with phase("multiply"):
-            positions, offsets = self._dfno_index[_plan_key(layout)]
+            offsets = self._dfno_index[_plan_key(layout)][1]
             device = spectrum.device
             kept = spectrum[(..., *(o.to(device) for o in offsets))]
-            mixed = mix_channels(kept, w[(slice(None), slice(None), *(p.to(device) for p in positions))])
+            mixed = mix_channels(kept, w)
             block = mixed.new_zeros(*mixed.shape[:2], *spectrum.shape[2:])
             block[(..., *(o.to(device) for o in offsets))] = mixed
         with phase("transform"):

@@ -1,0 +1,76 @@
+"""Pointwise maps over points in cache-sized chunks, forward and backward, with no full-size intermediate.
+
+A pointwise map ``y[:, :, j] = f(x[:, :, j])`` (a 1x1-convolution MLP: the FNO's projection) run on a
+whole block makes each intermediate, e.g. the projection's 128-channel hidden layer, a tensor of the
+block's size: hundreds of MB that glibc maps afresh (and page-faults) on every call, and that autograd
+keeps until the backward pass. ``chunked_pointwise`` runs ``f`` on a chunk of points at a time into one
+output, keeps only its input for the backward pass, and there recomputes each chunk's intermediates
+(activation checkpointing, a chunk at a time) to accumulate the parameters' gradients and write the
+input's gradient into one preallocated tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+CHUNK_BYTES = 4 * 2**20  # intermediates per chunk: below glibc's mmap threshold, near a core's L2 + L3 share
+
+PointwiseFn = Callable[..., torch.Tensor]
+
+
+def _steps(points: int, step: int) -> range:
+    return range(0, points, step)
+
+
+class _Chunked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fn: PointwiseFn, step: int, out_channels: int, x: torch.Tensor, *params: torch.Tensor):
+        ctx.fn, ctx.step = fn, step
+        ctx.save_for_backward(x, *params)
+        out = x.new_empty(x.shape[0], out_channels, x.shape[2])
+        for s in _steps(x.shape[2], step):
+            out[..., s : s + step] = fn(x[..., s : s + step], *params)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, *params = ctx.saved_tensors
+        leaves = [p.detach().requires_grad_(p.requires_grad) for p in params]
+        wanted = [p for p in leaves if p.requires_grad]
+        grads = [torch.zeros_like(p) for p in wanted]
+        grad_x = torch.empty_like(x) if ctx.needs_input_grad[3] else None
+        for s in _steps(x.shape[2], ctx.step):
+            part = x[..., s : s + ctx.step].detach().requires_grad_(grad_x is not None)
+            with torch.enable_grad():
+                y = ctx.fn(part, *leaves)
+            inputs = ([part] if grad_x is not None else []) + wanted
+            found = torch.autograd.grad(y, inputs, grad_out[..., s : s + ctx.step], allow_unused=True)
+            if grad_x is not None:
+                grad_x[..., s : s + ctx.step] = found[0]
+                found = found[1:]
+            for total, g in zip(grads, found, strict=True):
+                if g is not None:
+                    total += g
+        it = iter(grads)
+        return None, None, None, grad_x, *(next(it) if p.requires_grad else None for p in leaves)
+
+
+def chunked_pointwise(
+    fn: PointwiseFn,
+    x: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    out_channels: int,
+    bytes_per_point: int,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> torch.Tensor:
+    """``fn(x, *params)`` for a pointwise ``fn`` mapping ``(b, c_in, n)`` to ``(b, out_channels, n)``, run on
+    chunks of ``chunk_bytes // bytes_per_point`` points of ``x`` ``(b, c_in, *spatial)`` (``bytes_per_point``:
+    ``fn``'s intermediates per point). Differentiable in ``x`` and ``params``: the backward pass recomputes
+    each chunk (``fn`` must be deterministic). Returns ``(b, out_channels, *spatial)``."""
+    flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    step = max(1, chunk_bytes // max(1, bytes_per_point))
+    out = _Chunked.apply(fn, step, out_channels, flat, *params)
+    return out.view(x.shape[0], out_channels, *x.shape[2:])
