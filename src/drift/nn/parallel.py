@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from drift.nn.fno import PointwiseLinear
+from drift.nn.replicated import Replicated
 from drift.nn.spectral import SpectralConv
 
 
@@ -47,7 +47,8 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
     Parameters keep their current values, taken from the mesh's first rank (so every rank starts
     alike). Spectral weights become DTensors: sharded over the spatial mesh dims as their method
     stores them (each rank keeps its share) and replicated over the data dims. Every other parameter
-    stays a plain tensor replicated on every rank. drift reduces the gradients itself (no DDP or FSDP
+    of drift's layers (pointwise layers, skips, norms, spectral biases: ``Replicated`` modules and
+    ``SpectralConv``) stays a plain tensor replicated on every rank. drift reduces the gradients itself (no DDP or FSDP
     wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over ranks of each
     rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
     synchronised nor reduced, so they are refused (ValueError naming them), and so is a dfno layer's
@@ -62,7 +63,7 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
     for module in model.modules():
         if isinstance(module, SpectralConv):
             module.check_padding_split(split)
-    handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | PointwiseLinear) for p in m.parameters()}
+    handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | Replicated) for p in m.parameters()}
     other = [name for name, p in model.named_parameters() if id(p) not in handled]
     if other:
         raise ValueError(
@@ -71,7 +72,7 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
         )
     with torch.no_grad():
         for module in model.modules():
-            if not isinstance(module, SpectralConv | PointwiseLinear):
+            if not isinstance(module, SpectralConv | Replicated):
                 continue
             if module.mesh is not None:
                 raise ValueError(f"{type(module).__name__} is already parallelized over {module.mesh}")

@@ -35,6 +35,7 @@ from drift.errors import PlanError
 from drift.fft import DistributedFFT
 from drift.layout import Layout, dtensor_layout, to_dtensor
 from drift.nn.padding import check_padding_mode, crop_block, pad_block, padding_at, padding_fractions
+from drift.nn.replicated import replicate_over
 from drift.profiling import phase
 from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
 
@@ -97,6 +98,9 @@ class SpectralConv(ComplexModule):
             (see ``drift.truncated.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (the module docstring); they compute the same function.
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
+        bias: add a real per-channel bias ``(out,)`` to the output (neuraloperator's ``bias=True``),
+            drawn after the weight as neuraloperator's, ``sqrt(2 / (in + out))`` times a normal;
+            replicated once parallelized.
         dtype, device: the weight's real precision (float32 or float64; default torch's default dtype)
             and device.
         domain_padding: zero padding of the input as a fraction of each spatial extent (one number,
@@ -120,6 +124,7 @@ class SpectralConv(ComplexModule):
         *,
         method: str = "drift",
         real: bool = True,
+        bias: bool = False,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         domain_padding: float | Sequence[float] | None = None,
@@ -138,6 +143,12 @@ class SpectralConv(ComplexModule):
         self.domain_padding_mode = check_padding_mode(domain_padding_mode)
         w = spectral_weight(in_channels, out_channels, self.mode_shape, dtype)
         self.weight = nn.Parameter(w.to(device))
+        if bias:
+            std = (2 / (in_channels + out_channels)) ** 0.5
+            bias_draw = std * torch.randn(out_channels, dtype=torch.float64)
+            self.bias = nn.Parameter(bias_draw.to(dtype=dtype, device=device))
+        else:
+            self.bias = None
         self.mesh = None
         self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
         self.data_axes: tuple[int, ...] = ()
@@ -288,15 +299,19 @@ class SpectralConv(ComplexModule):
         self._precision()
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return self._convolve(
-                    x.to(self._precision() if self.real else complex_dtype(self._precision())), layout
-                )
+                x = x.to(self._precision() if self.real else complex_dtype(self._precision()))
+                return self._add_bias(self._convolve(x, layout))
         if real_dtype(x.dtype) in (torch.float16, torch.bfloat16):
             raise PlanError(
                 f"{type(self).__name__}: a {x.dtype} input outside torch.autocast (the weight is {self.weight.dtype}): "
                 "half-precision parameters are not supported; keep them in float32 and use torch.autocast"
             )
-        return self._convolve(x, layout)
+        return self._add_bias(self._convolve(x, layout))
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            return y
+        return y + replicate_over(self.mesh, self.bias).view(-1, *[1] * self.ndim)
 
     def _local_weight(self) -> torch.Tensor:
         """This rank's part of the weight, its gradient summed over the ranks that share it."""
