@@ -32,7 +32,9 @@ CONFIGS = {
     "group-norm-identity": dict(
         neuralop=True, norm="group_norm", fno_skip="identity", channel_mlp_skip="identity", lifting_channel_ratio=0
     ),
-    "group-norm-no-mlp": dict(norm="group_norm", projection_channel_ratio=1.5, positional_embedding="grid"),
+    "group-norm-no-mlp-dfno-pruned": dict(
+        norm="group_norm", projection_channel_ratio=1.5, positional_embedding="grid", method="dfno-pruned"
+    ),
     "complex": dict(neuralop=True, complex_data=True, fno_skip="soft-gating", projection_channel_ratio=1),
 }
 
@@ -122,14 +124,28 @@ def _loss(out: torch.Tensor, seed: int) -> torch.Tensor:
 _MESHES: dict = {}
 
 
-def _run_configs(grid):
-    """Every configuration parallelized over ``grid`` (spatial dims i over grid[i] ranks): the full output
+def _mesh(grid, data: int):
+    """This worker's mesh (made once) and input placements: spatial dim i over ``grid[i]`` ranks, after a
+    data-parallel mesh dim of ``data`` ranks when ``data`` > 1."""
+    key = (grid, data)
+    if key not in _MESHES:
+        device = device_for(dist.get_rank()).type
+        if data > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            (dim, parts), *_ = [(i, p) for i, p in enumerate(grid) if p > 1]
+            _MESHES[key] = init_device_mesh(device, (data, parts)), (Shard(0), Shard(2 + dim))
+        else:
+            mesh, placements = drift.grid_mesh(grid, device)
+            _MESHES[key] = mesh, tuple(Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements)
+    return _MESHES[key]
+
+
+def _run_configs(grid, data):
+    """Every configuration parallelized over ``grid`` (and ``data`` data-parallel ranks): the full output
     and every parameter's gradient (whole) of the sum over ranks of each rank's loss of its block."""
     rank, device = dist.get_rank(), device_for(dist.get_rank())
-    if grid not in _MESHES:
-        mesh, placements = drift.grid_mesh(grid, device.type)
-        _MESHES[grid] = mesh, tuple(Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements)
-    mesh, placements = _MESHES[grid]
+    mesh, placements = _mesh(grid, data)
     results = {}
     for name in CONFIGS:
         model = parallelize(build(name, device=device), mesh, placements)
@@ -146,9 +162,13 @@ def _run_configs(grid):
     return rank, results
 
 
-@pytest.mark.parametrize("grid", [(1, 1, 1), (4, 1, 1), (2, 2, 1)], ids=["1-rank", "slab-4", "pencil-2x2"])
-def test_options_distributed_equal_the_reference_and_one_process(ranks, grid):
-    results = ranks.run(math.prod(grid), _run_configs, grid)
+@pytest.mark.parametrize(
+    ("grid", "data"),
+    [((1, 1, 1), 1), ((4, 1, 1), 1), ((2, 2, 1), 1), ((2, 1, 1), 2)],
+    ids=["1-rank", "slab-4", "pencil-2x2", "data-2x-slab-2"],
+)
+def test_options_distributed_equal_the_reference_and_one_process(ranks, grid, data):
+    results = ranks.run(math.prod(grid) * data, _run_configs, grid, data)
     for name in CONFIGS:
         single = build(name)
         x = _input(name)
@@ -165,7 +185,7 @@ def test_options_distributed_equal_the_reference_and_one_process(ranks, grid):
                     assert grads[param_name].norm() <= 1e-12 * scale, (name, grid, param_name)
                 else:
                     assert rel_err(grads[param_name], p.grad) <= 1e-12, (name, grid, param_name)
-            if CONFIGS[name].get("norm") and math.prod(grid) > 1:
+            if CONFIGS[name].get("norm") and math.prod(grid) > 1:  # spatial ranks only: per-sample statistics
                 assert "all_reduce" in kinds, (name, kinds)  # the norm's statistics
 
 

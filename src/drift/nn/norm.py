@@ -52,7 +52,9 @@ class GlobalNorm(Replicated):
         d = len(layout.global_shape)
         dims = tuple(range(2, 2 + d)) if self.kind == "instance_norm" else tuple(range(1, 2 + d))
         count = math.prod(layout.global_shape) * (1 if self.kind == "instance_norm" else x.shape[1])
-        sums = torch.stack([x.sum(dims, keepdim=True), x.square().sum(dims, keepdim=True)])
+        # Half-precision blocks (under autocast) are summed in float32.
+        wide = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        sums = torch.stack([wide.sum(dims, keepdim=True), wide.square().sum(dims, keepdim=True)])
         mean, square = layout.all_reduce(sums) / count
         y = (x - mean) * torch.rsqrt(square - mean.square() + self.eps)
         if self.kind == "instance_norm":

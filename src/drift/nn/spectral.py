@@ -159,6 +159,8 @@ class SpectralConv(ComplexModule):
         where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
         if any(self.domain_padding):
             where = f", domain_padding={self.domain_padding} ({self.domain_padding_mode}){where}"
+        if self.bias is not None:
+            where = f", bias=True{where}"
         return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
