@@ -11,6 +11,7 @@ a round trip returns every tensor unchanged.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 
 import torch
@@ -156,7 +157,7 @@ def from_neuralop(model: nn.Module, *, method: str = "drift", dtype=None, device
             "from_neuralop: positional_embedding must be 'grid' (GridEmbeddingND on the unit cube) or None, "
             f"got {embedding!r}"
         )
-    for name in ("fno_skip", "channel_mlp_skip"):
+    for name in ("fno_skip", "channel_mlp_skip") if options["use_channel_mlp"] else ("fno_skip",):
         if options[name] not in FNO_SKIPS:
             raise ValueError(f"from_neuralop: {name}={options[name]!r} is not supported (one of {FNO_SKIPS})")
     _check_double_activation(options, model.n_layers, "from_neuralop")
@@ -208,7 +209,7 @@ def to_neuralop(ours: FNO) -> nn.Module:
     projection = ours.project_hidden.weight.shape[0]
     ratio = projection / width
     while int(ratio * width) < projection:  # neuraloperator truncates ratio * width
-        ratio = float(torch.nextafter(torch.tensor(ratio, dtype=torch.float64), torch.tensor(float("inf"))))
+        ratio = math.nextafter(ratio, math.inf)
     d = spectral.ndim
     in_channels = ours.lift.weight.shape[1] - (d if options["positional_embedding"] == "grid" else 0)
     with torch.random.fork_rng(devices=[]):

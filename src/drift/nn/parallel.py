@@ -47,10 +47,10 @@ def parallelize(model: nn.Module, mesh, placements: Sequence) -> nn.Module:
     Parameters keep their current values, taken from the mesh's first rank (so every rank starts
     alike). Spectral weights become DTensors: sharded over the spatial mesh dims as their method
     stores them (each rank keeps its share) and replicated over the data dims. Every other parameter
-    of drift's layers (pointwise layers, skips, norms, spectral biases: ``Replicated`` modules and
-    ``SpectralConv``) stays a plain tensor replicated on every rank. drift reduces the gradients itself (no DDP or FSDP
-    wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over ranks of each
-    rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
+    of drift's layers (``Replicated`` modules: pointwise layers, skips, channel MLPs, norms; and
+    spectral biases) stays a plain tensor replicated on every rank. drift reduces the gradients itself
+    (no DDP or FSDP wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over
+    ranks of each rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would be neither
     synchronised nor reduced, so they are refused (ValueError naming them), and so is a dfno layer's
     ``domain_padding`` on a spatial dim the mesh splits (PlanError); both before any collective.
     """

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from drift._plan import complex_dtype
 from drift.nn.replicated import Replicated
 
 SKIPS = ("linear", "identity", "soft-gating", None)
@@ -56,7 +57,7 @@ class PointwiseLinear(Replicated):
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
         if complex_data:
-            dtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}.get(dtype, dtype)
+            dtype = complex_dtype(dtype)
         bound = 1 / math.sqrt(in_channels)
         factory = dict(dtype=dtype, device=device)
         self.weight = nn.Parameter(_uniform((out_channels, in_channels), bound, complex_data).to(**factory))
@@ -108,7 +109,7 @@ class SoftGating(Replicated):
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
         if complex_data:
-            dtype = {torch.float32: torch.complex64, torch.float64: torch.complex128}.get(dtype, dtype)
+            dtype = complex_dtype(dtype)
         self.weight = nn.Parameter(torch.ones(channels, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
