@@ -15,14 +15,13 @@ from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
 from drift.nn.norm import NORMS, GlobalNorm
-from drift.nn.pointwise import ChannelMLP, PointwiseLinear, activate, skip_connection
+from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
 from drift.nn.spectral import SpectralConv, layout_of
 from drift.profiling import phase
 from drift.truncated import ModeSpec
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
 PROJECTION_CHUNK_BYTES = 64 * 2**20  # hidden activations per chunk of an unrecorded projection
-FNO_SKIPS = ("linear", "identity", "soft-gating")
 
 # neuraloperator 2.0's FNO defaults for the options drift shares (FNO.neuralop_defaults).
 NEURALOP_DEFAULTS = dict(
@@ -132,10 +131,10 @@ class FNO(nn.Module):
             raise ValueError(f"n_layers must be at least 1, got {n_layers}")
         if positional_embedding not in EMBEDDINGS:
             raise ValueError(f"positional_embedding must be one of {EMBEDDINGS}, got {positional_embedding!r}")
-        if fno_skip not in FNO_SKIPS:
-            raise ValueError(f"fno_skip must be one of {FNO_SKIPS}, got {fno_skip!r}")
-        if use_channel_mlp and channel_mlp_skip not in FNO_SKIPS:
-            raise ValueError(f"channel_mlp_skip must be one of {FNO_SKIPS}, got {channel_mlp_skip!r}")
+        if fno_skip not in SKIPS:
+            raise ValueError(f"fno_skip must be one of {SKIPS}, got {fno_skip!r}")
+        if use_channel_mlp and channel_mlp_skip not in SKIPS:
+            raise ValueError(f"channel_mlp_skip must be one of {SKIPS}, got {channel_mlp_skip!r}")
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if norm is not None and complex_data:

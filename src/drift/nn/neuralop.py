@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from drift.nn.fno import FNO, FNO_SKIPS
+from drift.nn.fno import FNO
 from drift.nn.interop import from_neuralop_weight, neuralop_n_modes, to_neuralop_weight
-from drift.nn.pointwise import PointwiseLinear, SoftGating
+from drift.nn.pointwise import SKIPS, PointwiseLinear, SoftGating
 
 # neuraloperator options drift does not reproduce, with the value that drift's function needs.
 _REFUSED = {
@@ -158,8 +158,8 @@ def from_neuralop(model: nn.Module, *, method: str = "drift", dtype=None, device
             f"got {embedding!r}"
         )
     for name in ("fno_skip", "channel_mlp_skip") if options["use_channel_mlp"] else ("fno_skip",):
-        if options[name] not in FNO_SKIPS:
-            raise ValueError(f"from_neuralop: {name}={options[name]!r} is not supported (one of {FNO_SKIPS})")
+        if options[name] not in SKIPS:
+            raise ValueError(f"from_neuralop: {name}={options[name]!r} is not supported (one of {SKIPS})")
     _check_double_activation(options, model.n_layers, "from_neuralop")
     if any(conv.bias is None for conv in model.fno_blocks.convs):
         raise ValueError("from_neuralop: spectral convolutions without a bias are not supported")

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from drift._plan import complex_dtype
 from drift.nn.replicated import Replicated
 
-SKIPS = ("linear", "identity", "soft-gating", None)
+SKIPS = ("linear", "identity", "soft-gating")
 
 
 def activate(non_linearity: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -117,11 +117,9 @@ class SoftGating(Replicated):
         return x * self.replicated(self.weight).view(-1, *[1] * (x.dim() - 2))
 
 
-def skip_connection(
-    kind: str | None, channels: int, *, complex_data: bool = False, dtype=None, device=None
-) -> nn.Module | None:
-    """neuraloperator's skip connections: "linear" (a 1x1 convolution without bias), "identity",
-    "soft-gating" (``SoftGating``), or None (no skip)."""
+def skip_connection(kind: str, channels: int, *, complex_data: bool = False, dtype=None, device=None) -> nn.Module:
+    """neuraloperator's skip connections: "linear" (a 1x1 convolution without bias), "identity" or
+    "soft-gating" (``SoftGating``)."""
     if kind not in SKIPS:
         raise ValueError(f"skip connection must be one of {SKIPS}, got {kind!r}")
     factory = dict(complex_data=complex_data, dtype=dtype, device=device)
@@ -129,7 +127,7 @@ def skip_connection(
         return PointwiseLinear(channels, channels, bias=False, **factory)
     if kind == "soft-gating":
         return SoftGating(channels, **factory)
-    return nn.Identity() if kind == "identity" else None
+    return nn.Identity()
 
 
 class ChannelMLP(nn.Module):
