@@ -1,9 +1,12 @@
 """Neural-operator layers and models: single-device modules that ``parallelize`` makes distributed."""
 
 from drift.nn.factorized import FACTORIZATIONS, FactorizedWeight
-from drift.nn.fno import FNO, PointwiseLinear, fno_block
+from drift.nn.fno import FNO, NEURALOP_DEFAULTS, fno_block
 from drift.nn.interop import from_neuralop_factors, from_neuralop_weight, neuralop_n_modes, to_neuralop_weight
+from drift.nn.norm import GlobalNorm
 from drift.nn.parallel import parallelize
+from drift.nn.pointwise import ChannelMLP, PointwiseLinear, SoftGating, skip_connection
+from drift.nn.replicated import Replicated
 from drift.nn.spectral import METHODS, SpectralConv, spectral_weight
 
 __all__ = [
@@ -11,13 +14,19 @@ __all__ = [
     "FNO",
     "FactorizedWeight",
     "METHODS",
+    "NEURALOP_DEFAULTS",
+    "ChannelMLP",
+    "GlobalNorm",
     "PointwiseLinear",
+    "Replicated",
+    "SoftGating",
     "SpectralConv",
     "fno_block",
     "from_neuralop_factors",
     "from_neuralop_weight",
     "neuralop_n_modes",
     "parallelize",
+    "skip_connection",
     "spectral_weight",
     "to_neuralop_weight",
 ]

@@ -1,18 +1,21 @@
-"""Fourier neural operators: Li et al.'s FNO, single-device or over spatially sharded fields."""
+"""Fourier neural operators: Li et al.'s FNO and neuraloperator 2.0's options, single-device or over
+spatially sharded fields."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
-from drift import comm
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
+from drift.nn.embedding import EMBEDDINGS, grid_embedding
+from drift.nn.norm import NORMS, GlobalNorm
+from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
 from drift.nn.spectral import SpectralConv, layout_of
 from drift.profiling import phase
 from drift.truncated import ModeSpec
@@ -20,95 +23,83 @@ from drift.truncated import ModeSpec
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
 PROJECTION_CHUNK_BYTES = 64 * 2**20  # hidden activations per chunk of an unrecorded projection
 
-
-class PointwiseLinear(nn.Module):
-    """A 1x1 convolution on ``(batch, channels, *spatial)`` blocks, its parameters replicated on every rank.
-
-    Initialised as ``torch.nn.Linear`` (uniform in +-1/sqrt(in)) from torch's default generator. Once
-    parallelized (``mesh`` set), the parameters go through ``comm.replicate`` in the forward pass, whose
-    backward all-reduces their gradients over the mesh: each rank's ``.grad`` is then the gradient of the
-    global loss.
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        *,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ):
-        super().__init__()
-        dtype = dtype or torch.get_default_dtype()
-        bound = 1 / math.sqrt(in_channels)
-        weight = (torch.rand(out_channels, in_channels, dtype=torch.float64) * 2 - 1) * bound
-        bias = (torch.rand(out_channels, dtype=torch.float64) * 2 - 1) * bound
-        self.weight = nn.Parameter(weight.to(dtype=dtype, device=device))
-        self.bias = nn.Parameter(bias.to(dtype=dtype, device=device))
-        self.mesh = None
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[1]}, {self.weight.shape[0]}"
-
-    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
-        """``W x + b``, plus ``add`` (a tensor shaped like the output) when given, on this rank's block."""
-        weight, bias = self.weight, self.bias
-        if self.mesh is not None:
-            for axis in range(self.mesh.ndim):
-                if self.mesh.size(axis) > 1:
-                    group = self.mesh.get_group(axis)
-                    weight, bias = comm.replicate(weight, group=group), comm.replicate(bias, group=group)
-        flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
-        weight = weight.expand(x.shape[0], -1, -1)
-        recorded = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        if add is None:
-            # baddbmm adds the (broadcast) bias inside the gemm: one pass over the output instead of two.
-            y = torch.baddbmm(bias[None, :, None], weight, flat)
-        elif recorded or (add.requires_grad and torch.is_grad_enabled()) or torch.is_autocast_enabled(x.device.type):
-            y = (
-                torch.baddbmm(add.reshape(flat.shape[0], self.weight.shape[0], flat.shape[2]), weight, flat)
-                + bias[None, :, None]
-            )
-        else:
-            # Unrecorded: accumulate into ``add`` itself (its owner hands it over), no new full-size tensor.
-            y = add.reshape(flat.shape[0], self.weight.shape[0], flat.shape[2])
-            torch.baddbmm(y, weight, flat, out=y).add_(bias[None, :, None])
-        return y.view(x.shape[0], self.weight.shape[0], *x.shape[2:])
+# neuraloperator 2.0's FNO defaults for the options drift shares (FNO.neuralop_defaults).
+NEURALOP_DEFAULTS = dict(
+    positional_embedding="grid",
+    use_channel_mlp=True,
+    channel_mlp_expansion=0.5,
+    channel_mlp_skip="soft-gating",
+    fno_skip="linear",
+    lifting_channel_ratio=2,
+    projection_channel_ratio=2,
+)
 
 
 def fno_block(
-    spectral: SpectralConv, pointwise: PointwiseLinear, x: torch.Tensor, layout: Layout, activation: bool = True
+    spectral: SpectralConv,
+    pointwise: PointwiseLinear,
+    x: torch.Tensor,
+    layout: Layout,
+    activation: bool = True,
+    non_linearity: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
 ) -> torch.Tensor:
-    """One FNO block on this rank's block ``x``, ``gelu(K x + W x)`` (no GeLU when ``activation`` is
-    False). The spectral output is a fresh tensor, so the pointwise gemm accumulates into it."""
+    """One FNO block on this rank's block ``x``, ``non_linearity(K x + W x)`` (none when ``activation``
+    is False). The spectral output is a fresh tensor, so the pointwise gemm accumulates into it."""
     y = spectral.forward_local(x, layout)
     with phase("pointwise+gelu"):
         y = pointwise(x, add=y)
-        return F.gelu(y) if activation else y
+        return activate(non_linearity, y) if activation else y
+
+
+def _channels(option: str, ratio: float, width: int, allow_zero: bool) -> int:
+    """``int(ratio * width)`` (neuraloperator's rounding), ValueError naming ``option`` if unusable."""
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or ratio < 0:
+        raise ValueError(f"{option} must be a non-negative number, got {ratio!r}")
+    channels = int(ratio * width)
+    if channels < 1 and not (allow_zero and ratio == 0):
+        raise ValueError(f"{option}={ratio!r} gives {channels} channels at width {width}: it must give at least one")
+    return channels
 
 
 class FNO(nn.Module):
-    """Li et al.'s Fourier neural operator on real ``(batch, in_channels, *spatial)`` fields of any resolution.
+    """A Fourier neural operator on ``(batch, in_channels, *spatial)`` fields of any resolution.
 
-    A pointwise lift to ``width`` channels, ``n_layers`` blocks ``x = gelu(W x + K x)`` (W pointwise,
-    K a ``SpectralConv`` keeping ``modes`` per spatial dim; no activation after the last block, as Li
-    et al.), and a pointwise projection ``width -> projection_width -> out_channels`` with a GeLU
-    between. Parameters are drawn from torch's default generator, the spectral weights first-to-last
-    as the layers are built, so the same seed gives the same function for every method.
+    By default Li et al.'s model: a pointwise lift to ``width`` channels, ``n_layers`` blocks ``x =
+    gelu(W x + K x)`` (W pointwise, K a ``SpectralConv`` keeping ``modes`` per spatial dim; no activation
+    after the last block), and a pointwise projection ``width -> projection_width -> out_channels`` with
+    a GeLU between. Parameters are drawn from torch's default generator as the layers are built, so the
+    same seed gives the same function for every method.
 
-    Built on one device it is an ordinary module taking plain tensors; ``drift.nn.parallelize(model,
-    mesh, placements)`` makes it take and return DTensors, its spectral weights sharded over the mesh.
+    neuraloperator 2.0's ``FNO`` options, with its names and meanings (``FNO.neuralop_defaults`` builds
+    with its defaults; ``modes`` stay drift's):
+
+    - ``positional_embedding``: "grid" appends d coordinate channels ``j / N`` (each rank its block's).
+    - ``lifting_channel_ratio``: 0 lifts with one pointwise layer, r > 0 with two (``int(r * width)``
+      hidden channels, ``non_linearity`` between). ``projection_channel_ratio``: the projection's hidden
+      width is ``int(r * width)`` (instead of ``projection_width``).
+    - ``fno_skip``: the block's skip ("linear" W x, "identity", "soft-gating" per-channel gains). The
+      block's bias is K's (``SpectralConv(bias=True)``), or the linear skip's when no norm comes between.
+    - ``use_channel_mlp``: after the spectral part of each block, a two-layer ``ChannelMLP``
+      (``round(channel_mlp_expansion * width)`` hidden channels, GeLU as neuraloperator's, dropout
+      ``channel_mlp_dropout``) plus ``channel_mlp_skip`` of the block's input.
+    - ``norm``: "instance_norm" or "group_norm" after K and after the channel MLP, statistics over the
+      global field (``GlobalNorm``).
+    - ``non_linearity``: the activation (default ``F.gelu``); with a channel MLP or a norm a block applies
+      it after both parts, as neuraloperator's; with neither, once (Li et al.).
+    - ``complex_data``: complex fields, complex-affine pointwise layers and gains, the activation on real
+      and imaginary parts separately; not with ``norm``.
 
     ``domain_padding`` (a fraction of each spatial extent, one number or one per dim, in [0, 1]) and
     ``domain_padding_mode`` ("symmetric" or "one-sided") take neuraloperator 2.0's values but pad per
-    layer: every spectral convolution sees its input zero-padded by ``round(fraction * N)`` points
-    and returns the N real points (``SpectralConv``); the lift, the pointwise layers and the projection
-    see only real points. neuraloperator instead pads once after the lift and crops before the
-    projection, so its padded region carries values from block to block: the same weights give
-    different functions in the two libraries. Per-layer padding is what implicit padding (no padded
-    tensor) can compute.
+    layer: every spectral convolution sees its input zero-padded by ``round(fraction * N)`` points and
+    returns the N real points (``SpectralConv``). neuraloperator instead pads once after the lift and
+    crops before the projection: the same weights give different functions in the two libraries.
     ``factorization`` ("tucker" or "cp") and ``rank`` hold every spectral weight as factors
     (neuraloperator's TFNO / CP-FNO; see ``SpectralConv``).
+
+    Built on one device it is an ordinary module taking plain tensors; ``drift.nn.parallelize(model,
+    mesh, placements)`` makes it take and return DTensors, its spectral weights sharded over the mesh
+    and every other parameter replicated.
     """
 
     def __init__(
@@ -127,21 +118,120 @@ class FNO(nn.Module):
         device: torch.device | str | None = None,
         domain_padding: float | Sequence[float] | None = None,
         domain_padding_mode: str = "symmetric",
+        positional_embedding: str | None = None,
+        lifting_channel_ratio: float = 0,
+        projection_channel_ratio: float | None = None,
+        fno_skip: str = "linear",
+        use_channel_mlp: bool = False,
+        channel_mlp_expansion: float = 0.5,
+        channel_mlp_dropout: float = 0.0,
+        channel_mlp_skip: str = "soft-gating",
+        norm: str | None = None,
+        non_linearity: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
+        complex_data: bool = False,
     ) -> None:
         super().__init__()
         if n_layers < 1:
             raise ValueError(f"n_layers must be at least 1, got {n_layers}")
+        if positional_embedding not in EMBEDDINGS:
+            raise ValueError(f"positional_embedding must be one of {EMBEDDINGS}, got {positional_embedding!r}")
+        if fno_skip not in SKIPS:
+            raise ValueError(f"fno_skip must be one of {SKIPS}, got {fno_skip!r}")
+        if use_channel_mlp and channel_mlp_skip not in SKIPS:
+            raise ValueError(f"channel_mlp_skip must be one of {SKIPS}, got {channel_mlp_skip!r}")
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if norm is not None and complex_data:
+            raise ValueError(f"norm={norm!r} with complex_data=True is not supported (statistics of real fields)")
+        if not callable(non_linearity):
+            raise ValueError(f"non_linearity must be a callable such as F.gelu, got {non_linearity!r}")
+        if projection_channel_ratio is not None:
+            if projection_width != PROJECTION_WIDTH:
+                raise ValueError("give projection_width or projection_channel_ratio, not both")
+            projection_width = _channels("projection_channel_ratio", projection_channel_ratio, width, False)
+        lifting = _channels("lifting_channel_ratio", lifting_channel_ratio, width, True)
+        mlp_hidden = round(width * channel_mlp_expansion) if use_channel_mlp else 0
+        if use_channel_mlp and mlp_hidden < 1:
+            raise ValueError(f"channel_mlp_expansion={channel_mlp_expansion!r} gives {mlp_hidden} hidden channels")
+        self.positional_embedding, self.non_linearity, self.norm = positional_embedding, non_linearity, norm
+        self.use_channel_mlp, self.complex_data = use_channel_mlp, complex_data
+        self.options = dict(
+            positional_embedding=positional_embedding,
+            lifting_channel_ratio=lifting_channel_ratio,
+            projection_channel_ratio=projection_channel_ratio,
+            fno_skip=fno_skip,
+            use_channel_mlp=use_channel_mlp,
+            channel_mlp_expansion=channel_mlp_expansion,
+            channel_mlp_dropout=channel_mlp_dropout,
+            channel_mlp_skip=channel_mlp_skip,
+            norm=norm,
+            non_linearity=non_linearity,
+            complex_data=complex_data,
+        )
         factory = dict(dtype=dtype, device=device)
+        pointwise = dict(complex_data=complex_data, **factory)
         padding = dict(domain_padding=domain_padding, domain_padding_mode=domain_padding_mode)
-        self.lift = PointwiseLinear(in_channels, width, **factory)
+        lift_in = in_channels + (len(modes) if positional_embedding == "grid" else 0)
+        self.lift = PointwiseLinear(lift_in, lifting or width, **pointwise)
+        self.lift_out = PointwiseLinear(lifting, width, **pointwise) if lifting else None
         self.spectral = nn.ModuleList()
         self.pointwise = nn.ModuleList()
+        self.channel_mlp = nn.ModuleList() if use_channel_mlp else None
+        self.channel_mlp_skips = nn.ModuleList() if use_channel_mlp else None
+        self.norms = nn.ModuleList() if norm else None
+        # The block's bias: K's (neuraloperator's place), unless a linear skip without a norm between can
+        # carry it, which lets the skip's gemm accumulate into K's output (fno_block).
+        conv_bias = fno_skip != "linear" or norm is not None
         for _ in range(n_layers):
-            factors = dict(factorization=factorization, rank=rank)
-            self.spectral.append(SpectralConv(width, width, modes, method=method, **padding, **factors, **factory))
-            self.pointwise.append(PointwiseLinear(width, width, **factory))
-        self.project_hidden = PointwiseLinear(width, projection_width, **factory)
-        self.project_out = PointwiseLinear(projection_width, out_channels, **factory)
+            conv = SpectralConv(
+                width,
+                width,
+                modes,
+                method=method,
+                real=not complex_data,
+                bias=conv_bias,
+                factorization=factorization,
+                rank=rank,
+                **padding,
+                **factory,
+            )
+            self.spectral.append(conv)
+            if fno_skip == "linear":
+                self.pointwise.append(PointwiseLinear(width, width, bias=not conv_bias, **pointwise))
+            else:
+                self.pointwise.append(skip_connection(fno_skip, width, **pointwise))
+            if use_channel_mlp:
+                mlp = ChannelMLP(width, width, mlp_hidden, dropout=channel_mlp_dropout, **pointwise)
+                self.channel_mlp.append(mlp)
+                self.channel_mlp_skips.append(skip_connection(channel_mlp_skip, width, **pointwise))
+            if norm:
+                self.norms.extend(GlobalNorm(norm, width, **factory) for _ in range(2))
+        self.project_hidden = PointwiseLinear(width, projection_width, **pointwise)
+        self.project_out = PointwiseLinear(projection_width, out_channels, **pointwise)
+
+    @classmethod
+    def neuralop_defaults(
+        cls, in_channels: int, out_channels: int, width: int, modes: Sequence[ModeSpec], n_layers: int = 4, **options
+    ) -> FNO:
+        """An FNO with neuraloperator 2.0's defaults (``NEURALOP_DEFAULTS``: grid embedding, channel MLP
+        with expansion 0.5 and a soft-gating skip, linear FNO skip, lifting and projection ratios 2);
+        ``options`` override them or set any other argument. ``modes`` are drift's (``k`` keeps ``2k``)."""
+        return cls(in_channels, out_channels, width, modes, n_layers, **{**NEURALOP_DEFAULTS, **options})
+
+    @classmethod
+    def from_neuralop(cls, model: nn.Module, **options) -> FNO:
+        """The drift FNO computing what neuraloperator 2.0 ``FNO`` ``model`` computes, its weights
+        copied; ``options`` are drift's (``method``, ``dtype``, ``device``). ValueError naming the option
+        for what drift cannot reproduce (``drift.nn.neuralop``)."""
+        from drift.nn.neuralop import from_neuralop
+
+        return from_neuralop(model, **options)
+
+    def to_neuralop(self) -> nn.Module:
+        """This model as a neuraloperator 2.0 ``FNO`` (single-device, float32) computing the same function."""
+        from drift.nn.neuralop import to_neuralop
+
+        return to_neuralop(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(batch, in_channels, *spatial)``, a plain tensor, or a DTensor once parallelized;
@@ -149,6 +239,9 @@ class FNO(nn.Module):
         first = self.spectral[0]
         if x.dim() != 2 + first.ndim:
             raise ValueError(f"FNO expects (batch, channels, {first.ndim} spatial dims), got shape {tuple(x.shape)}")
+        channels = self.lift.weight.shape[1] - (first.ndim if self.positional_embedding == "grid" else 0)
+        if x.shape[1] != channels:
+            raise ValueError(f"FNO expects {channels} input channels, got shape {tuple(x.shape)}")
         dtype = self.lift.weight.dtype
         if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
             raise PlanError(
@@ -163,22 +256,48 @@ class FNO(nn.Module):
 
     def forward_local(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
         """The model on this rank's block ``x`` ``(b, in, *layout.local_shape)``."""
+        if self.positional_embedding == "grid":
+            x = grid_embedding(x, layout)
         x = self.lift(x)
-        for i, (spectral, pointwise) in enumerate(zip(self.spectral, self.pointwise, strict=True)):
-            x = fno_block(spectral, pointwise, x, layout, activation=i < len(self.spectral) - 1)
+        if self.lift_out is not None:
+            x = self.lift_out(activate(self.non_linearity, x))
+        for i in range(len(self.spectral)):
+            x = self._block(i, x, layout)
         recorded = torch.is_grad_enabled() and (x.requires_grad or self.project_hidden.weight.requires_grad)
         if recorded or torch.is_autocast_enabled(x.device.type):
-            return self.project_out(F.gelu(self.project_hidden(x)))
+            return self.project_out(activate(self.non_linearity, self.project_hidden(x)))
         return self._project_in_chunks(x)
 
+    def _block(self, i: int, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """Block ``i`` as neuraloperator's FNOBlocks (post-activation): ``y = act(norm(K x) + skip(x))``,
+        then ``act(norm(mlp(y) + mlp_skip(x)))``; no activation after the last block."""
+        activation = i < len(self.spectral) - 1
+        spectral, skip = self.spectral[i], self.pointwise[i]
+        if isinstance(skip, PointwiseLinear) and self.norms is None:
+            y = fno_block(spectral, skip, x, layout, activation, self.non_linearity)
+        else:
+            y = spectral.forward_local(x, layout)
+            if self.norms is not None:
+                y = self.norms[2 * i].forward_local(y, layout)
+            y = y + skip(x)
+            if activation:
+                y = activate(self.non_linearity, y)
+        if self.channel_mlp is None and self.norms is None:
+            return y
+        if self.channel_mlp is not None:
+            y = self.channel_mlp[i](y) + self.channel_mlp_skips[i](x)
+        if self.norms is not None:
+            y = self.norms[2 * i + 1].forward_local(y, layout)
+        return activate(self.non_linearity, y) if activation else y
+
     def _project_in_chunks(self, x: torch.Tensor) -> torch.Tensor:
-        """The projection without autograd, a chunk of points at a time: its 128-channel hidden layer,
-        the largest tensor of an FNO forward, then never exists for the whole block at once."""
+        """The projection without autograd, a chunk of points at a time: its hidden layer, the largest
+        tensor of an FNO forward, then never exists for the whole block at once."""
         flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
         out = flat.new_empty(x.shape[0], self.project_out.weight.shape[0], flat.shape[2])
         hidden = max(1, x.shape[0]) * self.project_hidden.weight.shape[0] * x.element_size()  # bytes per point
         step = max(1, PROJECTION_CHUNK_BYTES // hidden)
         for start in range(0, flat.shape[2], step):
             part = flat[..., start : start + step]
-            out[..., start : start + step] = self.project_out(F.gelu(self.project_hidden(part)))
+            out[..., start : start + step] = self.project_out(activate(self.non_linearity, self.project_hidden(part)))
         return out.view(x.shape[0], out.shape[1], *x.shape[2:])

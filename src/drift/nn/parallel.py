@@ -13,7 +13,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from drift.layout import reduction_mesh
 from drift.nn.auto import Machine
 from drift.nn.factorized import FactorizedWeight
-from drift.nn.fno import PointwiseLinear
+from drift.nn.replicated import Replicated
 from drift.nn.spectral import AUTO, SpectralConv
 
 
@@ -60,8 +60,9 @@ def parallelize(
     Parameters keep their current values, taken from the mesh's first rank (so every rank starts
     alike). Spectral weights become DTensors: sharded over the spatial mesh dims as their method
     stores them (each rank keeps its share) and replicated over the data dims. Every other parameter
-    stays a plain tensor replicated on every rank, the factors of factorized spectral weights too
-    (each rank rebuilds the part of the weight it uses from them). drift reduces the gradients itself
+    of drift's layers (``Replicated`` modules: pointwise layers, skips, channel MLPs, norms; spectral
+    biases; the factors of factorized spectral weights, from which each rank rebuilds the part of the
+    weight it uses) stays a plain tensor replicated on every rank. drift reduces the gradients itself
     (no DDP or FSDP wrapper): each rank's ``.grad`` is the gradient of the global loss, the sum over
     ranks of each rank's loss (for DTensor outputs, the DTensor loss). Parameters of other modules would
     be neither synchronised nor reduced, so they are refused (ValueError naming them), and so is a dfno
@@ -89,7 +90,7 @@ def parallelize(
         _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, reduction)
     for module in layers:
         module.check_padding_split(split)
-    handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | PointwiseLinear) for p in m.parameters()}
+    handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | Replicated) for p in m.parameters()}
     other = [name for name, p in model.named_parameters() if id(p) not in handled]
     if other:
         raise ValueError(
@@ -109,7 +110,7 @@ def parallelize(
                 for param in module.parameters():
                     param.copy_(distribute_tensor(param.detach(), mesh, (Replicate(),) * mesh.ndim).to_local())
                 continue
-            if not isinstance(module, SpectralConv | PointwiseLinear):
+            if not isinstance(module, SpectralConv | Replicated):
                 continue
             if module.mesh is not None:
                 raise ValueError(f"{type(module).__name__} is already parallelized over {module.mesh}")

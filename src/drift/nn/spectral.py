@@ -42,6 +42,7 @@ from drift.layout import Layout, dtensor_layout, to_dtensor
 from drift.nn.auto import Machine, MethodChoice, choose_method
 from drift.nn.factorized import FactorizedWeight
 from drift.nn.padding import check_padding_mode, crop_block, pad_block, padding_at, padding_fractions
+from drift.nn.replicated import replicate_over
 from drift.profiling import phase
 from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
 
@@ -105,6 +106,9 @@ class SpectralConv(ComplexModule):
             (see ``drift.truncated.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (the module docstring); they compute the same function.
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
+        bias: add a real per-channel bias ``(out,)`` to the output (neuraloperator's ``bias=True``),
+            drawn after the weight as neuraloperator's, ``sqrt(2 / (in + out))`` times a normal;
+            replicated once parallelized.
         factorization: None (a dense weight), "tucker" or "cp": the weight held as factors of that
             ``rank`` (a float: the fraction of the dense parameter count; an int or a Tucker tuple: the
             rank itself), as neuraloperator's ``factorization`` / ``rank`` (``drift.nn.factorized``).
@@ -132,6 +136,7 @@ class SpectralConv(ComplexModule):
         *,
         method: str = "drift",
         real: bool = True,
+        bias: bool = False,
         factorization: str | None = None,
         rank: float | int | Sequence[int] = 1.0,
         dtype: torch.dtype | None = None,
@@ -156,6 +161,12 @@ class SpectralConv(ComplexModule):
         else:
             shape = (in_channels, out_channels, *self.mode_shape)
             self.weight = FactorizedWeight(shape, factorization, rank, dtype=dtype, device=device)
+        if bias:
+            std = (2 / (in_channels + out_channels)) ** 0.5
+            bias_draw = std * torch.randn(out_channels, dtype=torch.float64)
+            self.bias = nn.Parameter(bias_draw.to(dtype=dtype, device=device))
+        else:
+            self.bias = None
         self.mesh = None
         self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
         self.reduction = None  # set by parallelize: drift's reduction mesh, or None (one step per mesh dim)
@@ -170,6 +181,8 @@ class SpectralConv(ComplexModule):
             where = f", factorization={self.factorization!r}{where}"
         if any(self.domain_padding):
             where = f", domain_padding={self.domain_padding} ({self.domain_padding_mode}){where}"
+        if self.bias is not None:
+            where = f", bias=True{where}"
         if self.reduction is not None:
             where += f", reduction={tuple(self.reduction.shape)}"
         if self.choice is not None:
@@ -337,15 +350,19 @@ class SpectralConv(ComplexModule):
         self._precision()
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return self._convolve(
-                    x.to(self._precision() if self.real else complex_dtype(self._precision())), layout
-                )
+                x = x.to(self._precision() if self.real else complex_dtype(self._precision()))
+                return self._add_bias(self._convolve(x, layout))
         if real_dtype(x.dtype) in (torch.float16, torch.bfloat16):
             raise PlanError(
                 f"{type(self).__name__}: a {x.dtype} input outside torch.autocast (the weight is {self.weight.dtype}): "
                 "half-precision parameters are not supported; keep them in float32 and use torch.autocast"
             )
-        return self._convolve(x, layout)
+        return self._add_bias(self._convolve(x, layout))
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            return y
+        return y + replicate_over(self.mesh, self.bias).view(-1, *[1] * self.ndim)
 
     def _local_weight(self, plan: nn.Module, layout: Layout) -> torch.Tensor:
         """The part of the weight this rank multiplies for ``plan``, ``(in, out, *its modes)``, its gradient
