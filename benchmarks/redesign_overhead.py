@@ -6,6 +6,7 @@ that times ``--repeats`` forwards after a warm-up, the slowest rank's time betwe
 the median per version and the ratio after / before, and writes JSON.
 
     python benchmarks/redesign_overhead.py [--before 3599d8e] [--rounds 3] [--out results/redesign.json]
+    python benchmarks/redesign_overhead.py --before e7b7ebe --cases fno:64x64x32x30:4 fno:64x64x32x30:1
 """
 
 from __future__ import annotations
@@ -125,12 +126,22 @@ def _measure(tree: Path, case: tuple, repeats: int) -> list[float]:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+def _case(text: str) -> tuple:
+    what, shape, size = text.split(":")
+    if what not in ("block", "fno"):
+        raise argparse.ArgumentTypeError(f"a case is block|fno:shape:P, got {text!r}")
+    return what, tuple(int(v) for v in shape.split("x")), int(size), (8, 8, 8, 16), 1 if what == "block" else 4
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="3599d8e", help="the commit to compare against")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="results/redesign_overhead.json")
+    parser.add_argument(
+        "--cases", nargs="+", type=_case, help="what:shape:P, like fno:64x64x32x30:4 (modes (8, 8, 8, 16))"
+    )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -143,7 +154,7 @@ def main() -> None:
         archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         trees = {"before": Path(tmp), "after": ROOT}
-        for case in CASES:
+        for case in args.cases or CASES:
             samples: dict[str, list[float]] = {"before": [], "after": []}
             for _ in range(args.rounds):
                 for name, tree in trees.items():

@@ -474,18 +474,40 @@ def test_fno_block_without_autograd_matches():
     assert rel_err(unrecorded, recorded) <= 1e-12 and rel_err(inference, recorded) <= 1e-12
 
 
-def test_unrecorded_projection_in_chunks_matches(monkeypatch):
-    """Without autograd the 128-channel projection runs a chunk of points at a time (here 7 points)."""
-    import drift.nn.fno as fno
+@pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])
+def test_projection_in_chunks_matches_forward_and_backward(monkeypatch, non_linearity):
+    """The projection runs a chunk of points at a time (here 7 points), forward and backward (recomputed)."""
+    import drift.nn.chunked as chunked
 
     torch.manual_seed(5)
-    model = FNO(2, 3, 6, (2, 2, 3), n_layers=1, dtype=torch.float64)
-    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 10)
-    recorded = model(x)
-    monkeypatch.setattr(fno, "PROJECTION_CHUNK_BYTES", 2 * fno.PROJECTION_WIDTH * 8 * 7)
+    model = FNO(2, 3, 6, (2, 2, 3), n_layers=1, dtype=torch.float64, non_linearity=non_linearity)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 10).requires_grad_(True)
+    monkeypatch.setitem(chunked.CHUNK_BYTES, x.device.type, 2 * 2 * model.project_hidden.weight.shape[0] * 8 * 7)
+    y = model(x)
+    _loss(y, 7).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    grad_x = x.grad.clone()
+
+    def reference(model, x):  # the same model, the projection written out on whole tensors
+        z = model.lift(x)
+        for i in range(len(model.spectral)):
+            z = model._block(i, z, drift.Layout(x.shape[2:]))
+        hidden = torch.einsum("oi,bi...->bo...", model.project_hidden.weight, z)
+        hidden = hidden + model.project_hidden.bias.view(-1, 1, 1, 1)
+        out = torch.einsum("oi,bi...->bo...", model.project_out.weight, non_linearity(hidden))
+        return out + model.project_out.bias.view(-1, 1, 1, 1)
+
+    model.zero_grad()
+    x.grad = None
+    y_ref = reference(model, x)
+    _loss(y_ref, 7).backward()
+    assert rel_err(y, y_ref) <= 1e-12 and rel_err(grad_x, x.grad) <= 1e-12
+    for name, p in model.named_parameters():
+        assert rel_err(grads[name], p.grad) <= 1e-12, name
+    if non_linearity is torch.nn.functional.gelu:
+        assert rel_err(y, reference_fno(model, x.detach())) <= 1e-12
     with torch.no_grad():
-        chunked = model(x)
-    assert chunked.shape == recorded.shape and rel_err(chunked, recorded) <= 1e-12
+        assert rel_err(model(x), y_ref) <= 1e-12
 
 
 def _convert_parallelized(state):

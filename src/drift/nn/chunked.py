@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-CHUNK_BYTES = 4 * 2**20  # intermediates per chunk: below glibc's mmap threshold, near a core's L2 + L3 share
+from drift.nn.pointwise import activate
+
+# Intermediates per chunk. On the CPU below glibc's largest mmap threshold (32 MiB), so that chunks reuse
+# the heap instead of page-faulting fresh maps (benchmarks/projection.py: 16 MiB was the fastest of 2-16
+# MiB, 4x the whole-tensor forward); elsewhere large, each chunk costing kernel launches.
+CHUNK_BYTES = {"cpu": 16 * 2**20}
+OTHER_DEVICES_CHUNK_BYTES = 256 * 2**20
 
 PointwiseFn = Callable[..., torch.Tensor]
 
@@ -64,13 +70,40 @@ def chunked_pointwise(
     params: Sequence[torch.Tensor],
     out_channels: int,
     bytes_per_point: int,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> torch.Tensor:
-    """``fn(x, *params)`` for a pointwise ``fn`` mapping ``(b, c_in, n)`` to ``(b, out_channels, n)``, run on
-    chunks of ``chunk_bytes // bytes_per_point`` points of ``x`` ``(b, c_in, *spatial)`` (``bytes_per_point``:
-    ``fn``'s intermediates per point). Differentiable in ``x`` and ``params``: the backward pass recomputes
-    each chunk (``fn`` must be deterministic). Returns ``(b, out_channels, *spatial)``."""
+    """``fn(x, *params)`` for a pointwise ``fn`` mapping ``(b, c_in, n)`` to ``(b, out_channels, n)``, run
+    on chunks of ``chunk_bytes // bytes_per_point`` points of ``x`` ``(b, c_in, *spatial)``
+    (``bytes_per_point``: ``fn``'s intermediates per point; ``chunk_bytes`` defaults to ``CHUNK_BYTES`` for the device).
+    Differentiable in ``x`` and ``params``: the backward pass recomputes each chunk (``fn`` must be
+    deterministic). Returns ``(b, out_channels, *spatial)``."""
     flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    chunk_bytes = chunk_bytes or CHUNK_BYTES.get(x.device.type, OTHER_DEVICES_CHUNK_BYTES)
     step = max(1, chunk_bytes // max(1, bytes_per_point))
     out = _Chunked.apply(fn, step, out_channels, flat, *params)
     return out.view(x.shape[0], out_channels, *x.shape[2:])
+
+
+def accumulate_in_place(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    non_linearity: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
+    """``y`` (``(b, out, *spatial)``, not recorded by autograd) overwritten by ``non_linearity(y + W x + b)``
+    for ``x`` ``(b, in, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, and no activation for
+    None: a chunk of points at a time, each read and written once while it is in cache."""
+    flat_x = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    flat = y.view(y.shape[0], y.shape[1], flat_x.shape[2])
+    w = weight.expand(x.shape[0], -1, -1)
+    chunk_bytes = CHUNK_BYTES.get(y.device.type, OTHER_DEVICES_CHUNK_BYTES)
+    step = max(1, chunk_bytes // max(1, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size()))
+    for s in _steps(flat.shape[2], step):
+        part = flat[..., s : s + step]
+        torch.baddbmm(part, w, flat_x[..., s : s + step], out=part)
+        if bias is not None:
+            part.add_(bias[None, :, None])
+        if non_linearity is not None:
+            part.copy_(activate(non_linearity, part))
+    return y

@@ -3,7 +3,6 @@ spatially sharded fields."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -13,6 +12,7 @@ from torch.nn import functional as F
 
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
+from drift.nn.chunked import accumulate_in_place, chunked_pointwise
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
 from drift.nn.norm import NORMS, GlobalNorm
 from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
@@ -21,7 +21,6 @@ from drift.profiling import phase
 from drift.truncated import ModeSpec
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
-PROJECTION_CHUNK_BYTES = 64 * 2**20  # hidden activations per chunk of an unrecorded projection
 
 # neuraloperator 2.0's FNO defaults for the options drift shares (FNO.neuralop_defaults).
 NEURALOP_DEFAULTS = dict(
@@ -44,11 +43,15 @@ def fno_block(
     non_linearity: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
 ) -> torch.Tensor:
     """One FNO block on this rank's block ``x``, ``non_linearity(K x + W x)`` (none when ``activation``
-    is False). The spectral output is a fresh tensor, so the pointwise gemm accumulates into it."""
+    is False). The spectral output is a fresh tensor, so the pointwise gemm accumulates into it; without
+    autograd, and activation, a chunk of points at a time (``accumulate_in_place``)."""
     y = spectral.forward_local(x, layout)
     with phase("pointwise+gelu"):
-        y = pointwise(x, add=y)
-        return activate(non_linearity, y) if activation else y
+        recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or pointwise.weight.requires_grad)
+        if recorded or torch.is_autocast_enabled(x.device.type):
+            y = pointwise(x, add=y)
+            return activate(non_linearity, y) if activation else y
+        return accumulate_in_place(pointwise.weight, pointwise.bias, x, y, non_linearity if activation else None)
 
 
 def _channels(option: str, ratio: float, width: int, allow_zero: bool) -> int:
@@ -263,10 +266,7 @@ class FNO(nn.Module):
             x = self.lift_out(activate(self.non_linearity, x))
         for i in range(len(self.spectral)):
             x = self._block(i, x, layout)
-        recorded = torch.is_grad_enabled() and (x.requires_grad or self.project_hidden.weight.requires_grad)
-        if recorded or torch.is_autocast_enabled(x.device.type):
-            return self.project_out(activate(self.non_linearity, self.project_hidden(x)))
-        return self._project_in_chunks(x)
+        return self._project(x)
 
     def _block(self, i: int, x: torch.Tensor, layout: Layout) -> torch.Tensor:
         """Block ``i`` as neuraloperator's FNOBlocks (post-activation): ``y = act(norm(K x) + skip(x))``,
@@ -290,14 +290,18 @@ class FNO(nn.Module):
             y = self.norms[2 * i + 1].forward_local(y, layout)
         return activate(self.non_linearity, y) if activation else y
 
-    def _project_in_chunks(self, x: torch.Tensor) -> torch.Tensor:
-        """The projection without autograd, a chunk of points at a time: its hidden layer, the largest
-        tensor of an FNO forward, then never exists for the whole block at once."""
-        flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
-        out = flat.new_empty(x.shape[0], self.project_out.weight.shape[0], flat.shape[2])
-        hidden = max(1, x.shape[0]) * self.project_hidden.weight.shape[0] * x.element_size()  # bytes per point
-        step = max(1, PROJECTION_CHUNK_BYTES // hidden)
-        for start in range(0, flat.shape[2], step):
-            part = flat[..., start : start + step]
-            out[..., start : start + step] = self.project_out(activate(self.non_linearity, self.project_hidden(part)))
-        return out.view(x.shape[0], out.shape[1], *x.shape[2:])
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        """The projection ``out(act(hidden(x)))`` a chunk of points at a time (``chunked_pointwise``): its
+        hidden layer, the largest tensor of an FNO, never exists for the whole block, in the forward pass
+        or for the backward one (which recomputes it per chunk). Under autocast, in one piece."""
+        hidden, out, act = self.project_hidden, self.project_out, self.non_linearity
+        if torch.is_autocast_enabled(x.device.type):
+            return out(activate(act, hidden(x)))
+
+        def mlp(part, w1, b1, w2, b2):
+            h = torch.baddbmm(b1[None, :, None], w1.expand(part.shape[0], -1, -1), part)
+            return torch.baddbmm(b2[None, :, None], w2.expand(part.shape[0], -1, -1), activate(act, h))
+
+        params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]
+        per_point = 2 * x.shape[0] * hidden.weight.shape[0] * hidden.weight.element_size()  # h and act(h)
+        return chunked_pointwise(mlp, x, params, out.weight.shape[0], per_point)
