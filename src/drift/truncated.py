@@ -214,6 +214,21 @@ def _reduction_mesh(layout: Layout, shape: Sequence[int]) -> DeviceMesh | None:
     return reduction_mesh(layout.mesh, layout.spatial_axes, shape)
 
 
+class _LinearMap(torch.autograd.Function):
+    """A plan's stages as one autograd node: the map is linear, so its backward is the adjoint map applied
+    to the gradient (itself such a node, so double backward works) and nothing is saved."""
+
+    @staticmethod
+    def forward(ctx, plan: TruncatedFFT, stages, adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
+        ctx.plan, ctx.stages, ctx.adjoint, ctx.name = plan, stages, adjoint, name
+        return plan._run_chunks(stages, t, name)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        plan = ctx.plan
+        return None, None, None, None, plan._run(ctx.adjoint, grad.contiguous(), f"{ctx.name}_adjoint", ctx.stages)
+
+
 class TruncatedFFT(ComplexModule):
     """A resident plan for the retained Fourier modes of a field sharded over a DeviceMesh.
 
@@ -294,8 +309,7 @@ class TruncatedFFT(ComplexModule):
         self.local_shape = self.layout.local_shape
         self.order, self.flops = best_order(self.local_shape, self.mode_shape, real)
         device = resolve_device(device)
-        self._forward_stages = self._build_forward(dtype, cdtype, device)
-        self._inverse_stages = self._build_inverse(dtype, cdtype, device)
+        self._build_stages(dtype, cdtype, device)
         self._workspace = Workspace()
         self.work_bytes = WORK_BYTES
 
@@ -329,9 +343,14 @@ class TruncatedFFT(ComplexModule):
         super()._apply(fn, recurse)
         dtype, device = self.dtype, self.device
         if dtype in (torch.float32, torch.float64):
-            self._forward_stages = self._build_forward(dtype, complex_dtype(dtype), device)
-            self._inverse_stages = self._build_inverse(dtype, complex_dtype(dtype), device)
+            self._build_stages(dtype, complex_dtype(dtype), device)
         return self
+
+    def _build_stages(self, dtype, cdtype, device) -> None:
+        self._forward_stages = self._build_forward(dtype, cdtype, device)
+        self._inverse_stages = self._build_inverse(dtype, cdtype, device)
+        self._forward_adjoint = self._adjoint(self._forward_stages, self.local_shape)
+        self._inverse_adjoint = self._adjoint(self._inverse_stages, self.mode_shape)
 
     def _basis(self, dim: int) -> torch.Tensor:
         """B_dim[k, j] = exp(-2 pi i f_k (b + o + j) / N) in float64 over the padded extent N, the block's
@@ -354,8 +373,24 @@ class TruncatedFFT(ComplexModule):
         return math.prod(sizes[dim + 1 :]) == 1
 
     def _stage(self, name: str, dim: int, m: torch.Tensor, right: bool, kind: str, out: int, device) -> _Stage:
+        """A stage whose matrix ``m`` becomes buffer ``name``, with its adjoint (``_adjoint``) beside it."""
         self.register_buffer(name, m.contiguous().to(device), persistent=False)
+        adjoint = m.mH if m.is_complex() else m.T
+        self.register_buffer(f"{name}_adjoint", adjoint.contiguous().to(device), persistent=False)
         return _Stage(dim, name, right, kind, out)
+
+    def _adjoint(self, stages: tuple[_Stage, ...], sizes: Sequence[int]) -> tuple[_Stage, ...]:
+        """The stages of the adjoint map of ``stages`` (which take extents ``sizes``): the adjoint of each
+        stage in reverse order, a real-in stage becoming real-out (the real part of ``M^H g``) and back."""
+        extents, ins = list(sizes), []
+        for stage in stages:
+            ins.append(extents[stage.dim])
+            extents[stage.dim] = stage.out
+        swap = {"real_in": "real_out", "real_out": "real_in", "complex": "complex"}
+        return tuple(
+            _Stage(stage.dim, f"{stage.name}_adjoint", stage.right, swap[stage.kind], n)
+            for stage, n in zip(reversed(stages), reversed(ins), strict=True)
+        )
 
     def _build_forward(self, dtype, cdtype, device) -> tuple[_Stage, ...]:
         stages = []
@@ -423,18 +458,20 @@ class TruncatedFFT(ComplexModule):
         dtype = self.complex_dtype if complex_input else self.dtype
         return check_input(t, what, comm.rank(), shape, dtype, self.device, self.strict)
 
-    def _run(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
-        """Apply ``stages`` in turn to ``t`` (``(rows, ...)``).
+    def _run(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str, adjoint: tuple[_Stage, ...]) -> torch.Tensor:
+        """Apply ``stages`` in turn to ``t`` (``(rows, ...)``); ``adjoint``: the stages of the adjoint map.
 
-        A pass autograd records allocates its intermediates. Any other pass runs in chunks of rows
-        whose intermediates fit ``work_bytes``, staged through the plan's resident workspace, and the
-        last stage writes each chunk straight into the (fresh) result.
+        Every pass runs in chunks of rows whose intermediates fit ``work_bytes``, staged through the
+        plan's resident workspace, the last stage writing each chunk straight into the (fresh) result.
+        Autograd records the map as one linear node (``_LinearMap``) that saves nothing: its backward
+        applies the adjoint stages the same way.
         """
-        matrices = [getattr(self, stage.name) for stage in stages]
         if torch.is_grad_enabled() and t.requires_grad:
-            for stage, matrix in zip(stages, matrices, strict=True):
-                t = _apply(t, stage, matrix, None, ())
-            return t
+            return _LinearMap.apply(self, stages, adjoint, name, t)
+        return self._run_chunks(stages, t, name)
+
+    def _run_chunks(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
+        matrices = [getattr(self, stage.name) for stage in stages]
         sizes, rows = list(t.shape[1:]), t.shape[0]
         widest = math.prod(sizes)
         for stage in stages:
@@ -455,7 +492,8 @@ class TruncatedFFT(ComplexModule):
         block alone, before the sum over ranks. No communication."""
         x_local = self._check(x_local, "forward input", self.local_shape, complex_input=not self.real)
         batch = x_local.shape[: x_local.dim() - len(self.global_shape)]
-        spec = self._run(self._forward_stages, x_local.reshape(math.prod(batch), *self.local_shape), "forward")
+        flat = x_local.reshape(math.prod(batch), *self.local_shape)
+        spec = self._run(self._forward_stages, flat, "forward", self._forward_adjoint)
         return spec.view(*batch, *self.mode_shape)
 
     def forward(self, x: torch.Tensor, sharded: bool = False) -> torch.Tensor:
@@ -502,7 +540,7 @@ class TruncatedFFT(ComplexModule):
             xhat = self._check(xhat, "inverse input", self.mode_shape, complex_input=True)
             batch = xhat.shape[: xhat.dim() - len(self.mode_shape)]
             spec = xhat.reshape(math.prod(batch), *self.mode_shape)
-        return self._run(self._inverse_stages, spec, "inverse").view(*batch, *self.local_shape)
+        return self._run(self._inverse_stages, spec, "inverse", self._inverse_adjoint).view(*batch, *self.local_shape)
 
     def _dtensor_lead(self, x: DTensor, what: str) -> int:
         layout, _ = dtensor_layout(x, len(self.global_shape), batch_axes_ok=False)
