@@ -1,11 +1,13 @@
-"""A training step of the FNO (forward, backward, Adam) on one process: time and peak memory, this tree
-against ``--before``, side by side.
+"""A training step of the FNO (forward, backward, Adam), or one block's forward and backward, on one
+process: time and peak memory, this tree against ``--before``, side by side.
 
 Each measurement is a fresh process (so that its peak resident memory is the step's), rounds alternating
 the two source trees (``--before`` extracted with ``git archive``); it reports the fastest of two steps,
-the peak RSS and the loss (which must agree), and the ratios after / before.
+the peak RSS and the loss (which must agree), and the ratios after / before. ``--what block``: one FNO
+block (``fno_block``, width 20), the fastest of three forwards and backwards.
 
     python benchmarks/train_step.py --before e7b7ebe --shape 64x64x32x30 --rounds 2 --json results/train_step.json
+    python benchmarks/train_step.py --before e7b7ebe --what block --rounds 2
 """
 
 from __future__ import annotations
@@ -22,6 +24,29 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _block_worker(shape: tuple[int, ...], threads: int) -> None:
+    import torch
+
+    import drift
+    from drift.nn import PointwiseLinear, SpectralConv, fno_block
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    spectral, pointwise = SpectralConv(20, 20, (8, 8, 8, 16)), PointwiseLinear(20, 20)
+    x = torch.randn(1, 20, *shape, requires_grad=True)
+    grad = torch.randn(1, 20, *shape)
+    forward, backward = [], []
+    for _ in range(3):
+        began = time.perf_counter()
+        y = fno_block(spectral, pointwise, x, drift.Layout(shape))
+        forward.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        y.backward(grad)
+        backward.append(time.perf_counter() - began)
+        x.grad = None
+    print("RESULT", json.dumps(dict(forward_s=min(forward), backward_s=min(backward), sum=float(y.sum()))))
 
 
 def _worker(shape: tuple[int, ...], threads: int) -> None:
@@ -47,9 +72,9 @@ def _worker(shape: tuple[int, ...], threads: int) -> None:
     print("RESULT", json.dumps(dict(step_s=min(steps), peak_gb=peak / 1e9, base_gb=before / 1e9, loss=loss.item())))
 
 
-def _measure(tree: Path, shape: str, threads: int) -> dict:
+def _measure(tree: Path, what: str, shape: str, threads: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS=str(threads))
-    command = [sys.executable, __file__, "--worker", shape, str(threads)]
+    command = [sys.executable, __file__, "--worker", what, shape, str(threads)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -60,14 +85,16 @@ def _measure(tree: Path, shape: str, threads: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="e7b7ebe", help="the commit to compare against")
+    parser.add_argument("--what", choices=("step", "block"), default="step")
     parser.add_argument("--shape", default="64x64x32x30")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json")
-    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        _worker(tuple(int(v) for v in args.worker[0].split("x")), int(args.worker[1]))
+        worker = _worker if args.worker[0] == "step" else _block_worker
+        worker(tuple(int(v) for v in args.worker[1].split("x")), int(args.worker[2]))
         return
     with tempfile.TemporaryDirectory(prefix="drift-before-") as tmp:
         archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, capture_output=True, check=True).stdout
@@ -76,7 +103,10 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                runs[name].append(_measure(tree, args.shape, args.threads))
+                runs[name].append(_measure(tree, args.what, args.shape, args.threads))
+    if args.what == "block":
+        _block_summary(args, runs)
+        return
     summary = {
         name: {key: statistics.median(r[key] for r in rows) for key in ("step_s", "peak_gb", "base_gb", "loss")}
         for name, rows in runs.items()
@@ -90,6 +120,28 @@ def main() -> None:
     print(
         f"after / before: step {a['step_s'] / b['step_s']:.2f}, peak {a['peak_gb'] / b['peak_gb']:.2f}, "
         f"peak above model and data {grown(a) / grown(b):.2f}"
+    )
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(dict(args=vars(args), runs=runs, summary=summary), indent=2))
+
+
+def _block_summary(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
+    summary = {
+        name: {key: statistics.median(r[key] for r in rows) for key in ("forward_s", "backward_s")}
+        for name, rows in runs.items()
+    }
+    print(f"FNO block, width 20, modes (8, 8, 8, 16), {args.shape}, {args.threads} threads")
+    for name, s in summary.items():
+        ratio = s["backward_s"] / s["forward_s"]
+        print(
+            f"{name:6s} forward {s['forward_s']:6.3f} s  backward {s['backward_s']:6.3f} s  "
+            f"backward/forward {ratio:.2f}"
+        )
+    b, a = summary["before"], summary["after"]
+    print(
+        f"after / before: forward {a['forward_s'] / b['forward_s']:.2f}, "
+        f"backward {a['backward_s'] / b['backward_s']:.2f}"
     )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
