@@ -83,16 +83,22 @@ def _rank_failure(exc: RankError, out: str, expected: tuple[type, ...]) -> str:
     cannot be written the line says why."""
     if exc.first is None or _raised(exc.reports[exc.first], expected):
         return str(exc)
-    log = os.path.join(out, FAILURE_LOG)
     reports = "".join(f"--- rank {rank} ---\n{report.rstrip()}\n" for rank, report in exc.reports.items())
+    if (problem := _write_log(out, f"{exc}\n{reports}", "w")) is not None:
+        return f"{exc} ({problem})"
+    print(f"rank {exc.first} (the first to fail):\n{exc.reports[exc.first].rstrip()}", file=sys.stderr)
+    return f"{exc} (every rank's report: {os.path.join(out, FAILURE_LOG)})"
+
+
+def _write_log(out: str, text: str, mode: str) -> str | None:
+    """Write (``"w"``) or append (``"a"``) ``text`` to ``<out>/failure.log``: None, or why it could not."""
     try:
         os.makedirs(out, exist_ok=True)
-        with open(log, "w") as f:
-            f.write(f"{exc}\n{reports}")
+        with open(os.path.join(out, FAILURE_LOG), mode) as f:
+            f.write(text)
     except OSError as error:
-        return f"{exc} (no {FAILURE_LOG}: {error.strerror or error})"
-    print(f"rank {exc.first} (the first to fail):\n{exc.reports[exc.first].rstrip()}", file=sys.stderr)
-    return f"{exc} (every rank's report: {log})"
+        return f"no {FAILURE_LOG}: {error.strerror or error}"
+    return None
 
 
 def _own_failure(out: str, rank: int, attempt: int) -> str:
@@ -102,15 +108,10 @@ def _own_failure(out: str, rank: int, attempt: int) -> str:
     report = traceback.format_exc()
     kind, _, message = report.rstrip().rsplit("\n", 1)[-1].partition(": ")
     line = f"rank {rank} failed: {kind}: {' '.join(message.split())[:500]}"
-    log = os.path.join(out, FAILURE_LOG)
     print(report.rstrip(), file=sys.stderr)
-    try:
-        os.makedirs(out, exist_ok=True)
-        with open(log, "a") as f:
-            f.write(f"--- rank {rank}, attempt {attempt} ---\n{report.rstrip()}\n")
-    except OSError as error:
-        return f"{line} (no {FAILURE_LOG}: {error.strerror or error})"
-    return f"{line} (every failed rank's report: {log})"
+    if (problem := _write_log(out, f"--- rank {rank}, attempt {attempt} ---\n{report.rstrip()}\n", "a")) is not None:
+        return f"{line} ({problem})"
+    return f"{line} (every failed rank's report: {os.path.join(out, FAILURE_LOG)})"
 
 
 def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool: bool = False) -> Any:
