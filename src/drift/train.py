@@ -541,7 +541,8 @@ def learning_rate(config: TrainConfig, step: int, total: int) -> float:
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, config: TrainConfig, step: int, total: int) -> None:
-    # A function of the step, not a scheduler's state: a resumed run (any --epochs) needs none saved.
+    """Set ``optimizer``'s rate for step ``step`` of ``total`` (``learning_rate``)."""
+    # A function of the step, not a scheduler's state: a resumed run needs none saved.
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(config, step, total)
 

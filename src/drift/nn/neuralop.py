@@ -107,7 +107,7 @@ def _pairs(ours: FNO) -> list[tuple[str, str, Callable, Callable]]:
         conv1d("lift_out", "lifting.fcs.1")
     shape, spec = _nominal_shape(ours), ours.spectral[0].mode_spec
     for i, conv in enumerate(ours.spectral):
-        if conv.factorization is None:  # factors move as one state dict each (_factors)
+        if conv.factorization is None:  # factors move as one state dict per layer (from_neuralop, to_neuralop)
             pairs.append(
                 (
                     f"spectral.{i}.weight",
@@ -135,7 +135,7 @@ def _pairs(ours: FNO) -> list[tuple[str, str, Callable, Callable]]:
 
 def _factorization(options: dict, model: nn.Module) -> tuple[str | None, float | int | tuple[int, ...]]:
     """drift's ``factorization`` and ``rank`` holding exactly the factors of ``model``'s spectral weights
-    (the rank read from their shapes, so neuraloperator's rounding and ``fixed_rank_modes`` carry over)."""
+    (the rank read from their shapes: whatever rank neuraloperator's rounding gave)."""
     name = options.get("factorization")
     kind = None if name is None or str(name).lower() == "dense" else str(name).lower()
     if kind is None:
