@@ -1,11 +1,19 @@
-"""drift bench train at a tiny size: both methods train on two ranks to the same losses."""
+"""drift bench train at a tiny size: both methods train on two ranks to the same losses; benchmarks/accuracy.py
+at a tiny size."""
 
 from __future__ import annotations
 
 import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from drift.bench.cli import main
 from drift.data import generate
+from drift.train import build_model, config_from
 
 
 def test_bench_train_compares_methods(tmp_path, capsys):
@@ -23,3 +31,24 @@ def test_bench_train_compares_methods(tmp_path, capsys):
         assert run["max_loss_rel_diff_vs_drift"] < 1e-5
     assert runs["drift"]["max_loss_rel_diff_vs_drift"] == 0
     assert (tmp_path / "out" / "train.png").stat().st_size > 0
+
+
+def test_accuracy_benchmark_trains_drift_and_neuraloperator_on_one_problem(tmp_path):
+    """benchmarks/accuracy.py at a tiny size: drift train on two ranks, then neuraloperator's default FNO
+    with as many parameters (the same kept modes and width) on the same epochs."""
+    pytest.importorskip("neuralop", reason="neuraloperator is not installed")
+    data = tmp_path / "cfd.hdf5"
+    generate(data, samples=4, resolution=8, frames=7, seed=2, progress=False)
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy.py"
+    tiny = ["--t-in", "2", "--t-out", "4", "--width", "4", "--modes", "2", "--layers", "1", "--epochs", "2"]
+    argv = [sys.executable, str(script), "--nproc", "2", "--out", str(tmp_path / "out"), "--data", str(data)]
+    done = subprocess.run([*argv, *tiny, "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| neuraloperator 2.0 `FNO`, defaults" in done.stdout
+    report = json.loads((tmp_path / "out" / "accuracy.json").read_text())
+    drift, theirs = report["drift"], report["neuraloperator"]
+    model = build_model(config_from(drift["config"]), "cpu")
+    assert theirs["parameters"] == sum(p.numel() * (2 if p.is_complex() else 1) for p in model.parameters())
+    for run in (drift, theirs):
+        assert [r["epoch"] for r in run["history"]] == [1, 2]
+        assert math.isfinite(run["test_rel_l2"]) and math.isfinite(run["nrmse"]) and run["wall_s"] > 0

@@ -28,7 +28,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from test_train import TINY, _config, _fails_with_one_line, _train, tiny_data
+from test_train import TINY, _fails_with_one_line, _train, tiny_data
+from test_train import _config as _train_config
 from torch.distributed.checkpoint import filesystem
 
 import drift.train
@@ -44,9 +45,15 @@ def data(tmp_path_factory):
     return tiny_data(tmp_path_factory.mktemp("faults") / "cfd.hdf5")
 
 
+# These tests compare runs of different --epochs epoch by epoch: a constant learning rate (not the
+# default cosine over --epochs) makes their common epochs equal.
 def _run(data: str, out: Path, *args: str) -> list[str]:
     """``drift train`` argv on ``data`` into ``out`` with the tiny model (lr 0.01, as ``_config``'s)."""
-    return ["train", "--data", data, "--out", str(out), "--lr", "0.01", *TINY, *args]
+    return ["train", "--data", data, "--out", str(out), "--lr", "0.01", "--schedule", "constant", *TINY, *args]
+
+
+def _config(data, out, **changes) -> TrainConfig:
+    return _train_config(data, out, schedule="constant", **changes)
 
 
 def _checkpoints(out: Path) -> tuple[list[str], str]:

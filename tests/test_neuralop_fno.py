@@ -52,6 +52,19 @@ def build(name: str, seed: int = 0, **factory) -> FNO:
     return model
 
 
+def dense_weight(conv) -> torch.Tensor:
+    """``conv``'s spectral weight, rebuilt by tensorly from its factors when it is factorized."""
+    if conv.factorization is None:
+        return conv.weight
+    import tensorly as tl
+
+    tl.set_backend("pytorch")
+    w = conv.weight
+    if conv.factorization == "tucker":
+        return tl.tucker_to_tensor((w.core, list(w.factors)))
+    return tl.cp_to_tensor((w.weights, list(w.factors)))
+
+
 def reference(model: FNO, x: torch.Tensor) -> torch.Tensor:
     """neuraloperator 2.0's FNO formula with ``model``'s single-device parameters on torch primitives
     (torch.fft, F.instance_norm, F.group_norm, torch.linspace) in double precision."""
@@ -91,7 +104,7 @@ def reference(model: FNO, x: torch.Tensor) -> torch.Tensor:
         shape, last = x.shape[2:], i == len(model.spectral) - 1
         modes = conv.modes_at(shape)
         spec = truncated_spectrum(x, modes, conv.real, "backward")
-        mixed = torch.einsum("bi...,io...->bo...", spec, param(conv.weight))
+        mixed = torch.einsum("bi...,io...->bo...", spec, param(dense_weight(conv)))
         y = zero_filled_inverse(mixed, modes, shape, conv.real, "backward")
         if conv.bias is not None:
             y = y + param(conv.bias).view(-1, *[1] * d)
@@ -159,8 +172,8 @@ def _run_configs(grid, data):
         }
         block = drift.Layout(y.shape, mesh, placements).local_slices
         results[name] = (y.full_tensor().detach().cpu(), grads, block, log.kinds())
-    for i, options in enumerate(NEURALOP_CONFIGS[:3]):
-        ours = parallelize(FNO.from_neuralop(_neuralop_model(options, 3), device=device), mesh, placements)
+    for i in DISTRIBUTED_NEURALOP:
+        ours = parallelize(FNO.from_neuralop(_neuralop_model(NEURALOP_CONFIGS[i], 3), device=device), mesh, placements)
         x = distribute_tensor(_neuralop_input().to(device), mesh, placements, src_data_rank=None)
         with torch.no_grad():
             results[f"from-neuralop-{i}"] = ours(x).full_tensor().cpu()
@@ -174,7 +187,8 @@ def _run_configs(grid, data):
 )
 def test_options_distributed_equal_the_reference_and_one_process(ranks, grid, data):
     results = ranks.run(math.prod(grid) * data, _run_configs, grid, data)
-    for i, options in enumerate(NEURALOP_CONFIGS[:3]):
+    for i in DISTRIBUTED_NEURALOP:
+        options = NEURALOP_CONFIGS[i]
         with torch.no_grad():
             want = _neuralop_model(options, 3)(_neuralop_input())
         for _, per_rank in results:  # converted from neuraloperator, parallelized: neuraloperator's output
@@ -207,7 +221,12 @@ NEURALOP_CONFIGS = [
     dict(fno_skip="identity", channel_mlp_skip="identity", positional_embedding=None, lifting_channel_ratio=0),
     dict(use_channel_mlp=False, norm="group_norm", projection_channel_ratio=3),
     dict(n_modes=(7, 6, 5)),  # odd counts: explicit frequency lists in drift
+    dict(factorization="tucker", rank=0.5),  # TFNO
+    dict(factorization="cp", rank=0.3, implementation="reconstructed"),
+    dict(factorization="Tucker", rank=(3, 4, 2, 3, 2), fno_skip="soft-gating"),
 ]
+# Converted from neuraloperator and parallelized in the distributed test: defaults, norms, factorized.
+DISTRIBUTED_NEURALOP = (0, 1, 2, 6, 7)
 
 
 def _neuralop_model(options: dict, seed: int):
@@ -245,8 +264,9 @@ def test_from_neuralop_matches_neuraloperator_and_round_trips(options):
         assert torch.equal(restored[key], state[key]), key
 
 
-def test_to_neuralop_of_a_drift_model_computes_the_same_function():
-    ours = build("neuralop-defaults").float().eval()
+@pytest.mark.parametrize("factorization", [None, "tucker", "cp"])
+def test_to_neuralop_of_a_drift_model_computes_the_same_function(factorization):
+    ours = build("neuralop-defaults", factorization=factorization, rank=0.4).float().eval()
     x = random_tensor((2, 2, *EVEN_SHAPE), torch.float32, 5)
     with torch.no_grad():
         assert rel_err(ours.to_neuralop()(x), ours(x)) <= 1e-5
@@ -266,7 +286,7 @@ def test_neuralop_defaults_are_neuraloperators():
         (dict(domain_padding=0.25), "domain_padding=0.25 is not supported: neuraloperator pads once"),
         (dict(fno_block_precision="mixed"), "fno_block_precision='mixed'.*torch.autocast"),
         (dict(stabilizer="tanh"), "stabilizer='tanh'"),
-        (dict(factorization="tucker", rank=0.5), "factorization='tucker'"),
+        (dict(factorization="tt", rank=0.5), "factorization='tt' is not supported"),
         (dict(separable=True), "separable=True"),
         (dict(preactivation=True), "preactivation=True"),
         (dict(complex_data=True), "complex_data=True.*un-shifts only the leading dims"),

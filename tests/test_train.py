@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,10 +17,19 @@ from harness import DEVICE_ENV
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from drift import comm
-from drift.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from drift.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.cli import main
 from drift.data import generate
-from drift.train import Sharding, TrainConfig, build_model, check_config, evaluate, train
+from drift.train import (
+    LEGACY_OPTIONS,
+    Sharding,
+    TrainConfig,
+    build_model,
+    check_config,
+    evaluate,
+    learning_rate,
+    train,
+)
 
 DEVICE = os.environ.get(DEVICE_ENV, "cpu")
 
@@ -106,15 +116,22 @@ def test_drift_and_dfno_train_alike(ranks, data, tmp_path):
         assert _close(_losses(other), _losses(drift), 1e-5), (method, other, drift)
 
 
-def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path):
-    whole, state = ranks.run(2, _train_then_state, _config(data, tmp_path / "whole"))[0]
-    ranks.run(2, _train, _config(data, tmp_path / "split", epochs=2))
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path, schedule):
+    whole, state = ranks.run(2, _train_then_state, _config(data, tmp_path / "whole", schedule=schedule))[0]
+    checkpoints = tmp_path / "split" / "checkpoints"
+    if schedule == "constant":  # a run of 2 epochs, continued to 3
+        ranks.run(2, _train, _config(data, tmp_path / "split", epochs=2, schedule=schedule))
+    else:  # the cosine runs over --epochs: the 3-epoch run, stopped after its second checkpoint
+        shutil.copytree(tmp_path / "whole" / "checkpoints" / "epoch-0002", checkpoints / "epoch-0002")
+        (checkpoints / "latest").write_text("epoch-0002\n")
     # A crash while writing the next checkpoint leaves a partial folder; latest still names epoch 2.
-    partial = tmp_path / "split" / "checkpoints" / "epoch-0003.partial"
+    partial = checkpoints / "epoch-0003.partial"
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"torn")
-    assert latest_checkpoint(tmp_path / "split" / "checkpoints").name == "epoch-0002"
-    resumed, resumed_state = ranks.run(2, _train_then_state, _config(data, tmp_path / "split", resume=True))[0]
+    assert latest_checkpoint(checkpoints).name == "epoch-0002"
+    config = _config(data, tmp_path / "split", resume=True, schedule=schedule)
+    resumed, resumed_state = ranks.run(2, _train_then_state, config)[0]
     times = ("seconds", "phase_seconds")
     assert resumed == [dict(r, **{k: s[k] for k in times}) for r, s in zip(whole, resumed, strict=True)]
     for name, value in state.items():
@@ -165,7 +182,9 @@ def _save_and_moments(config: TrainConfig, root: str) -> dict:
 
 def _output(model, sharding: Sharding) -> torch.Tensor:
     """The model on a fixed global batch of two (8, 8, 8, 4) fields: this rank's block, a local tensor."""
-    x = torch.randn(2, model.lift.weight.shape[1], 8, 8, 8, 4, generator=torch.Generator().manual_seed(0))
+    # With the grid embedding the lift also sees the 4 coordinates.
+    channels = model.lift.weight.shape[1] - (4 if model.positional_embedding == "grid" else 0)
+    x = torch.randn(2, channels, 8, 8, 8, 4, generator=torch.Generator().manual_seed(0))
     x = x.to(DEVICE)
     if sharding.mesh is not None:
         x = distribute_tensor(x, sharding.mesh, sharding.placements)
@@ -249,6 +268,9 @@ def _fails_with_one_line(capsys, argv, names) -> None:
         (["--t-out", "9"], "--t-out"),
         (["--method", "fft"], "--method"),
         (["--lr", "0"], "--lr"),
+        (["--weight-decay", "-1"], "--weight-decay"),
+        (["--model", "tfno"], "--model"),
+        (["--schedule", "step"], "--schedule"),
         (["--reduction", "3x1", "--nproc", "2"], "--reduction"),
         (["--reduction", "2", "--nproc", "2", "--method", "dfno"], "--reduction"),
         (["--reduction", "2x0"], "--reduction"),
@@ -329,3 +351,36 @@ def test_factorized_run_evaluates_and_resumes_only_as_factorized(capsys, data, t
     resume = ["train", "--data", data, "--out", str(out), "--epochs", "2", "--resume", *TINY]
     _fails_with_one_line(capsys, [*resume, "--factorization", "tucker"], "--rank")
     _fails_with_one_line(capsys, resume, "--factorization")
+
+
+def test_cosine_schedule_is_torchs_cosine_annealing():
+    config = TrainConfig(lr=3e-3, schedule="cosine")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=config.lr)
+    total = 37
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+    for step in range(total):
+        assert learning_rate(config, step, total) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-12, abs=0)
+        optimizer.step()
+        scheduler.step()
+    assert learning_rate(dataclasses.replace(config, schedule="constant"), 5, total) == config.lr
+
+
+def test_a_checkpoint_before_the_model_options_resumes_as_the_plain_fno_with_adam(capsys, data, tmp_path):
+    """A run written before --model, --weight-decay and --schedule existed trained Li et al.'s FNO with
+    Adam at a constant rate: it evaluates, and resumes only with those options."""
+    out = tmp_path / "old"
+    old = dict(model="plain", weight_decay=0.0, schedule="constant")
+    history = train(_config(data, out, epochs=1, **old))
+    meta_file = latest_checkpoint(out / "checkpoints") / "meta.json"
+    meta = read_meta(meta_file.parent)
+    assert all(meta["config"].pop(name) == value for name, value in old.items())
+    assert {name: LEGACY_OPTIONS[name] for name in old} == old
+    meta_file.write_text(json.dumps(meta))
+    assert abs(evaluate(out)["test_rel_l2"] - history[-1]["test_rel_l2"]) <= 1e-5 * history[-1]["test_rel_l2"]
+    resume = ["train", "--data", data, "--out", str(out), "--epochs", "2", "--resume", "--lr", "0.01", *TINY]
+    _fails_with_one_line(capsys, resume, "--model is neuralop, the run was trained with plain")
+    _fails_with_one_line(capsys, [*resume, "--model", "plain"], "--weight-decay is 0.0001, the run was trained with 0")
+    _fails_with_one_line(
+        capsys, [*resume, "--model", "plain", "--weight-decay", "0"], "--schedule is cosine, the run was trained with"
+    )
+    assert main([*resume, "--model", "plain", "--weight-decay", "0", "--schedule", "constant"]) == 0

@@ -316,13 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_train(commands) -> None:
     from drift.data import SPLITS
     from drift.nn import FACTORIZATIONS, METHODS
-    from drift.train import ON_NAN, TrainConfig
+    from drift.train import MODELS, ON_NAN, SCHEDULES, TrainConfig
 
     d = TrainConfig()
     train = commands.add_parser(
         "train",
         help="train a distributed 3D+time FNO on PDEBench-layout Navier-Stokes data",
-        description="Adam + MSE; test relative L2 every epoch; a sharded checkpoint per epoch. Runs alone "
+        description="Adam(W) + MSE; test relative L2 every epoch; a sharded checkpoint per epoch. Runs alone "
         "(--nproc N starts N local ranks) or under torchrun --nproc-per-node N -m drift train.",
     )
     train.add_argument("--data", help="PDEBench 3D CFD HDF5 file (default: generate a small set into the cache)")
@@ -348,6 +348,13 @@ def _add_train(commands) -> None:
         default=d.method,
         help="spectral convolution (auto: the one drift's cost model predicts fastest for the grid and ranks)",
     )
+    train.add_argument(
+        "--model",
+        choices=MODELS,
+        default=d.model,
+        help="neuralop: neuraloperator 2.0's FNO options (grid embedding, channel MLP, soft-gating skip, "
+        "lifting and projection ratios 2; default); plain: Li et al.'s FNO",
+    )
     train.add_argument("--width", type=positive(int), default=d.width, help="channels inside the FNO")
     train.add_argument("--modes", type=_modes, default=d.modes, help="modes per dim (x,y,z,t), Li et al.'s k")
     train.add_argument(
@@ -363,7 +370,19 @@ def _add_train(commands) -> None:
     )
     train.add_argument("--layers", type=positive(int), default=d.layers, help="Fourier blocks")
     train.add_argument("--epochs", type=positive(int), default=d.epochs)
-    train.add_argument("--lr", type=positive(float), default=d.lr, help="Adam learning rate")
+    train.add_argument("--lr", type=positive(float), default=d.lr, help="(peak) learning rate")
+    train.add_argument(
+        "--weight-decay",
+        type=float,
+        default=d.weight_decay,
+        help="AdamW's decoupled weight decay (0: Adam)",
+    )
+    train.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=d.schedule,
+        help="learning rate over the run's steps: cosine-annealed from --lr to 0 over --epochs (default), or constant",
+    )
     train.add_argument("--batch-size", type=positive(int), default=d.batch_size)
     train.add_argument("--seed", type=int, default=d.seed, help="weights and shuffling")
     train.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="cpu (Gloo) or cuda (NCCL)")

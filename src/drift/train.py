@@ -12,6 +12,10 @@ split. Each rank reads, computes and stores only its block of its trajectories. 
 one device from ``torch.manual_seed(seed)`` and then parallelized over the mesh (it takes and returns
 DTensors), so the same seed gives the same run on any number of ranks and any mesh.
 
+Model: neuraloperator 2.0's FNO options (``--model neuralop``, ``FNO.neuralop_defaults``) or Li et al.'s
+plain FNO (``--model plain``). Optimizer: AdamW with ``--weight-decay`` (Adam at 0), its learning rate
+``--lr`` constant or cosine-annealed to 0 over the run's optimizer steps (``--schedule``).
+
 Loss: the mean squared error over the global batch (each rank's loss is its share of the sum, so
 their sum is the global loss, torch.distributed's convention; drift sums the gradients over the mesh
 itself). Test metric: the relative L2 error ``||pred - true|| / ||true||`` of each test trajectory over
@@ -73,13 +77,19 @@ if TYPE_CHECKING:
 # The small data set `drift train` writes when --data is not given.
 DEFAULT_DATA = dict(samples=64, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
-MODEL_OPTIONS = ("width", "modes", "layers", "seed", "t_in", "t_out", "factorization", "rank")
+MODEL_OPTIONS = ("model", "width", "modes", "layers", "seed", "t_in", "t_out", "factorization", "rank")
+# Options of the optimisation a resumed run must share with the checkpoint's.
+OPTIMIZER_OPTIONS = ("method", "lr", "weight_decay", "schedule", "batch_size", "split")
+# --model: Li et al.'s plain FNO, or neuraloperator 2.0's default options (FNO.neuralop_defaults).
+MODELS = ("plain", "neuralop")
+# --schedule: the learning rate over the run's steps, constant or cosine-annealed to 0.
+SCHEDULES = ("constant", "cosine")
 # What a checkpoint's meta.json holds (one without all of them is passed over as damaged).
 META_KEYS = ("epoch", "world_size", "config", "stats", "global_shape", "history")
 # What a non-finite loss or gradient norm does: stop the run, or skip that batch.
 ON_NAN = ("stop", "skip-batch")
 # Options checkpoints written before the option existed were trained with.
-LEGACY_OPTIONS = dict(split="last", factorization=None, rank=1.0)
+LEGACY_OPTIONS = dict(split="last", factorization=None, rank=1.0, model="plain", weight_decay=0.0, schedule="constant")
 
 
 class ConfigError(ValueError):
@@ -99,13 +109,16 @@ class TrainConfig:
     data_parallel: int = 1
     reduction: tuple[int, ...] | None = None
     method: str = "drift"
+    model: str = "neuralop"
     width: int = 20
-    modes: tuple[int, int, int, int] = (4, 4, 4, 4)
+    modes: tuple[int, int, int, int] = (3, 3, 3, 4)
     factorization: str | None = None
     rank: float = 1.0
     layers: int = 4
     epochs: int = 15
     lr: float = 3e-3
+    weight_decay: float = 1e-4
+    schedule: str = "cosine"
     batch_size: int = 2
     seed: int = 0
     device: str = "cpu"
@@ -153,6 +166,12 @@ def check_config(config: TrainConfig, world_size: int) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
     if not config.lr > 0:
         raise ConfigError(f"--lr must be positive, got {config.lr}")
+    if not config.weight_decay >= 0:
+        raise ConfigError(f"--weight-decay must be non-negative, got {config.weight_decay}")
+    if config.model not in MODELS:
+        raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {config.model!r}")
+    if config.schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {config.schedule!r}")
     if config.method not in (*METHODS, AUTO):
         raise ConfigError(f"--method must be one of {', '.join((*METHODS, AUTO))}, got {config.method!r}")
     if config.factorization is not None:
@@ -314,9 +333,10 @@ def build_model(
     touching the caller's random state), parallelized over ``sharding``'s mesh when it has one.
     ``global_shape``: the model's input extents (x, y, z, t_out), which ``--method auto`` chooses by."""
     fields = len(FIELDS)
+    constructor = FNO.neuralop_defaults if config.model == "neuralop" else FNO
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = FNO(
+        model = constructor(
             fields * config.t_in + 1,
             fields,
             config.width,
@@ -418,7 +438,7 @@ def _check_options(
     path: Path,
     meta: dict,
     advice: str = "",
-    names: Sequence[str] = (*MODEL_OPTIONS, "method", "lr", "batch_size", "split"),
+    names: Sequence[str] = (*MODEL_OPTIONS, *OPTIMIZER_OPTIONS),
 ) -> None:
     """CheckpointError naming the first of ``names`` the checkpoint at ``path`` was trained with otherwise."""
     saved = saved_config(meta)
@@ -503,6 +523,30 @@ class PhaseClock:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
 
 
+def make_optimizer(config: TrainConfig, model: FNO) -> torch.optim.Optimizer:
+    """Adam at ``--lr``, or AdamW (decoupled weight decay, as neuraloperator's trainer) when
+    ``--weight-decay`` is above 0."""
+    if config.weight_decay > 0:
+        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.Adam(model.parameters(), lr=config.lr)
+
+
+def learning_rate(config: TrainConfig, step: int, total: int) -> float:
+    """The learning rate of optimizer step ``step`` (from 0) of a run of ``total`` steps: ``--lr``, or
+    with ``--schedule cosine`` ``lr (1 + cos(pi step / total)) / 2`` (torch's ``CosineAnnealingLR`` with
+    ``T_max = total``, stepped per batch)."""
+    if config.schedule == "constant":
+        return config.lr
+    return config.lr * (1 + math.cos(math.pi * step / total)) / 2
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, config: TrainConfig, step: int, total: int) -> None:
+    """Set ``optimizer``'s rate for step ``step`` of ``total`` (``learning_rate``)."""
+    # A function of the step, not a scheduler's state: a resumed run needs none saved.
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(config, step, total)
+
+
 def _nonfinite(loss: torch.Tensor, model: FNO) -> list[str]:
     """What is non-finite on any rank ("loss", "gradient norm"): one all-reduce of this rank's flags
     (its share of the loss, the norm of its blocks of the gradients)."""
@@ -531,7 +575,7 @@ def _train(config: TrainConfig) -> list[dict]:
     model = build_model(config, device, sharding, (*read_layout(data)[2:], config.t_out))
     if rank == 0 and config.progress and model.spectral[0].choice is not None:
         print(f"drift train: method {model.spectral[0].choice}", flush=True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = make_optimizer(config, model)
     start, history, saved, final = 0, [], None, None
     if config.resume:  # the newest checkpoint that loads on every rank, and its statistics
 
@@ -563,8 +607,10 @@ def _train(config: TrainConfig) -> list[dict]:
         total = torch.zeros((), dtype=torch.float64, device=device)
         trained, skipped = 0, 0
         clock = PhaseClock(device)
+        steps = -(-len(order) // config.batch_size)
         for step, first in enumerate(range(0, len(order), config.batch_size), 1):
             indices = order[first : first + config.batch_size].tolist()
+            set_learning_rate(optimizer, config, epoch * steps + step - 1, config.epochs * steps)
             with clock("data"):
                 x, y = _batch(train_set, indices, sharding, device)
             with clock("forward"):
@@ -761,12 +807,13 @@ def _plots(
     out: Path, history: list[dict], model: FNO, test_set: PDEBench3D, sharding: Sharding, device, method: str
 ) -> None:
     """Rank 0: ``loss.png`` (loss and test relative L2 per epoch) and ``slice.png`` (density on the
-    mid-z plane at the last predicted time, first test trajectory: prediction, truth, difference)."""
+    mid-z plane of the first test trajectory at the first and the last predicted time: prediction, truth,
+    difference)."""
     with torch.no_grad():
         x, y = _batch(test_set, [0], sharding, device)
         pred, true = model(x), sharding.wrap(y, x.shape[:1] + y.shape[1:2] + x.shape[2:])
     pred, true = (t.full_tensor() if isinstance(t, DTensor) else t for t in (pred, true))
-    pred, true = pred[0, 0, ..., -1], true[0, 0, ..., -1]
+    pred, true = pred[0, 0], true[0, 0]
     if comm.rank() != 0:
         return
     import matplotlib
@@ -782,14 +829,17 @@ def _plots(
     ax[1].set(xlabel="epoch", ylabel="relative L2", title="test relative L2")
     fig.savefig(out / "loss.png", dpi=120)
     plt.close(fig)
-    z = true.shape[2] // 2
-    panels = [("predicted", pred[:, :, z]), ("true", true[:, :, z]), ("difference", (pred - true)[:, :, z])]
-    fig, ax = plt.subplots(1, 3, figsize=(11, 3.5), constrained_layout=True)
-    lo, hi = float(true[:, :, z].min()), float(true[:, :, z].max())
-    for a, (title, image) in zip(ax, panels, strict=True):
-        limits = dict(vmin=lo, vmax=hi) if title != "difference" else {}
-        shown = a.imshow(image.cpu().numpy().T, origin="lower", cmap="viridis", **limits)
-        a.set(title=f"density, {title}", xlabel="x", ylabel="y")
-        fig.colorbar(shown, ax=a, shrink=0.8)
+    z, t_out = true.shape[2] // 2, true.shape[-1]
+    fig, ax = plt.subplots(2, 3, figsize=(11, 7), constrained_layout=True)
+    # The error grows with the lead time: the first predicted frame, then the last.
+    for row, t in zip(ax, (0, t_out - 1), strict=True):
+        truth, guess = true[:, :, z, t], pred[:, :, z, t]
+        lo, hi = float(truth.min()), float(truth.max())
+        panels = [("predicted", guess), ("true", truth), ("difference", guess - truth)]
+        for a, (title, image) in zip(row, panels, strict=True):
+            limits = dict(vmin=lo, vmax=hi) if title != "difference" else {}
+            shown = a.imshow(image.cpu().numpy().T, origin="lower", cmap="viridis", **limits)
+            a.set(title=f"density, {title}, step {t + 1}/{t_out}", xlabel="x", ylabel="y")
+            fig.colorbar(shown, ax=a, shrink=0.8)
     fig.savefig(out / "slice.png", dpi=120)
     plt.close(fig)

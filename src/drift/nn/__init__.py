@@ -2,7 +2,13 @@
 
 from drift.nn.factorized import FACTORIZATIONS, FactorizedWeight
 from drift.nn.fno import FNO, NEURALOP_DEFAULTS, fno_block
-from drift.nn.interop import from_neuralop_factors, from_neuralop_weight, neuralop_n_modes, to_neuralop_weight
+from drift.nn.interop import (
+    from_neuralop_factors,
+    from_neuralop_weight,
+    neuralop_n_modes,
+    to_neuralop_factors,
+    to_neuralop_weight,
+)
 from drift.nn.norm import GlobalNorm
 from drift.nn.parallel import parallelize
 from drift.nn.pointwise import ChannelMLP, PointwiseLinear, SoftGating, skip_connection
@@ -28,5 +34,6 @@ __all__ = [
     "parallelize",
     "skip_connection",
     "spectral_weight",
+    "to_neuralop_factors",
     "to_neuralop_weight",
 ]

@@ -76,6 +76,15 @@ def to_neuralop_weight(
     return out
 
 
+def _factor_positions(global_shape, modes, real: bool, count: int) -> list[torch.Tensor | None]:
+    """Per factor of a weight ``(in, out, *modes)``: where drift's mode rows sit in neuraloperator's order
+    (None for the channel factors)."""
+    positions = _positions(global_shape, modes, real)
+    if count != 2 + len(positions):
+        raise ValueError(f"weight has {count} factors, drift's modes need {2 + len(positions)}")
+    return [None, None, *positions]
+
+
 def from_neuralop_factors(
     weight, global_shape: Sequence[int], modes: ModeSpec | Sequence[ModeSpec], real: bool = True
 ) -> dict:
@@ -86,14 +95,28 @@ def from_neuralop_factors(
     lead = "core" if hasattr(weight, "core") else "weights"
     state = {lead: getattr(weight, lead).detach()}
     factors = [f.detach() for f in weight.factors]
-    positions = _positions(global_shape, modes, real)
-    if len(factors) != 2 + len(positions):
-        raise ValueError(f"weight has {len(factors)} factors, drift's modes need {2 + len(positions)}")
-    for j, factor in enumerate(factors):
-        if j >= 2:
-            pos = positions[j - 2]
+    positions = _factor_positions(global_shape, modes, real, len(factors))
+    for j, (factor, pos) in enumerate(zip(factors, positions, strict=True)):
+        if pos is not None:
             if factor.shape[0] != len(pos):
                 raise ValueError(f"weight has {factor.shape[0]} modes on dim {j - 2}, drift's modes keep {len(pos)}")
             factor = factor.index_select(0, pos.to(factor.device))
         state[f"factors.{j}"] = factor
     return state
+
+
+def to_neuralop_factors(
+    state: dict, global_shape: Sequence[int], modes: ModeSpec | Sequence[ModeSpec], real: bool = True
+) -> dict:
+    """The inverse of ``from_neuralop_factors``: a ``FactorizedWeight`` state dict as the state dict of
+    neuraloperator's factorized weight (``core`` or ``weights``, ``factors.factor_j``), the rows of each
+    mode factor in neuraloperator's order."""
+    lead = "core" if "core" in state else "weights"
+    out = {lead: state[lead]}
+    count = len(state) - 1
+    for j, pos in enumerate(_factor_positions(global_shape, modes, real, count)):
+        factor = state[f"factors.{j}"]
+        if pos is not None:
+            factor = factor.index_select(0, torch.argsort(pos).to(factor.device))
+        out[f"factors.factor_{j}"] = factor
+    return out

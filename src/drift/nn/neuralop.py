@@ -5,7 +5,9 @@ that drift computes the same function with them, builds the drift ``FNO`` and co
 spectral weights are permuted from neuraloperator's fftshift order (``from_neuralop_weight``).
 ``to_neuralop`` is the inverse. Both refuse, with a ValueError naming the option, what the other library
 computes differently; no rank has started then. One table of parameter pairs serves both directions, so
-a round trip returns every tensor unchanged.
+a round trip returns every tensor unchanged. Factorized spectral weights (neuraloperator's
+``factorization="tucker"`` or ``"cp"``) keep their factors: drift's ``FactorizedWeight`` takes the
+model's exact rank, and the mode factors' rows are permuted (``from_neuralop_factors``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from drift.nn.factorized import FACTORIZATIONS
 from drift.nn.fno import FNO
-from drift.nn.interop import from_neuralop_weight, neuralop_n_modes, to_neuralop_weight
+from drift.nn.interop import (
+    from_neuralop_factors,
+    from_neuralop_weight,
+    neuralop_n_modes,
+    to_neuralop_factors,
+    to_neuralop_weight,
+)
 from drift.nn.pointwise import SKIPS, PointwiseLinear, SoftGating
 
 # neuraloperator options drift does not reproduce, with the value that drift's function needs.
@@ -33,7 +42,6 @@ _REFUSED = {
     "fno_block_precision": ("full", "use torch.autocast for mixed precision in drift"),
     "stabilizer": (None, "drift has no tanh stabilizer"),
     "max_n_modes": (None, "drift's modes are fixed at construction"),
-    "factorization": (None, "factorized spectral weights are not supported yet (issue 13, item 3)"),
     "separable": (False, "drift's spectral weights mix channels"),
     "preactivation": (False, "drift's blocks are post-activation"),
     "complex_data": (
@@ -99,14 +107,15 @@ def _pairs(ours: FNO) -> list[tuple[str, str, Callable, Callable]]:
         conv1d("lift_out", "lifting.fcs.1")
     shape, spec = _nominal_shape(ours), ours.spectral[0].mode_spec
     for i, conv in enumerate(ours.spectral):
-        pairs.append(
-            (
-                f"spectral.{i}.weight",
-                f"fno_blocks.convs.{i}.weight.tensor",
-                lambda t: from_neuralop_weight(t, shape, spec),
-                lambda t: to_neuralop_weight(t, shape, spec),
+        if conv.factorization is None:  # factors move as one state dict per layer (from_neuralop, to_neuralop)
+            pairs.append(
+                (
+                    f"spectral.{i}.weight",
+                    f"fno_blocks.convs.{i}.weight.tensor",
+                    lambda t: from_neuralop_weight(t, shape, spec),
+                    lambda t: to_neuralop_weight(t, shape, spec),
+                )
             )
-        )
         # neuraloperator's convolution carries the block's bias; drift's linear skip does when there is one.
         holder = f"spectral.{i}.bias" if conv.bias is not None else f"pointwise.{i}.bias"
         pairs.append((holder, f"fno_blocks.convs.{i}.bias", torch.flatten, lambda t: t.view(-1, *[1] * d)))
@@ -122,6 +131,21 @@ def _pairs(ours: FNO) -> list[tuple[str, str, Callable, Callable]]:
     conv1d("project_hidden", "projection.fcs.0")
     conv1d("project_out", "projection.fcs.1")
     return pairs
+
+
+def _factorization(options: dict, model: nn.Module) -> tuple[str | None, float | int | tuple[int, ...]]:
+    """drift's ``factorization`` and ``rank`` holding exactly the factors of ``model``'s spectral weights
+    (the rank read from their shapes: whatever rank neuraloperator's rounding gave)."""
+    name = options.get("factorization")
+    kind = None if name is None or str(name).lower() == "dense" else str(name).lower()
+    if kind is None:
+        return None, 1.0
+    if kind not in FACTORIZATIONS:
+        raise ValueError(f"from_neuralop: factorization={name!r} is not supported (None, {', '.join(FACTORIZATIONS)})")
+    weight = model.fno_blocks.convs[0].weight
+    if kind == "tucker":
+        return kind, tuple(weight.core.shape)
+    return kind, int(weight.weights.shape[0])
 
 
 def _check_double_activation(options: dict, n_layers: int, where: str) -> None:
@@ -145,6 +169,7 @@ def from_neuralop(model: nn.Module, *, method: str = "drift", dtype=None, device
     for name, (value, why) in _REFUSED.items():
         if options.get(name, value) != value:
             raise ValueError(f"from_neuralop: {name}={options[name]!r} is not supported: {why}")
+    factorization, rank = _factorization(options, model)
     if options["conv_module"] is not NeuralopConv:
         raise ValueError(f"from_neuralop: conv_module={options['conv_module'].__name__} is not supported")
     if options["norm"] not in (None, "group_norm", "instance_norm"):
@@ -171,6 +196,8 @@ def from_neuralop(model: nn.Module, *, method: str = "drift", dtype=None, device
             drift_modes(tuple(options["n_modes"])),
             model.n_layers,
             method=method,
+            factorization=factorization,
+            rank=rank,
             dtype=dtype,
             device=device,
             positional_embedding="grid" if embedding is not None else None,
@@ -188,8 +215,13 @@ def from_neuralop(model: nn.Module, *, method: str = "drift", dtype=None, device
     mine = ours.state_dict()
     state = {}
     for name, their_name, to_drift, _ in _pairs(ours):
-        state[name] = to_drift(theirs[their_name].detach()).to(dtype=mine[name].dtype, device=mine[name].device)
-    ours.load_state_dict(state)
+        state[name] = to_drift(theirs[their_name].detach())
+    if factorization is not None:
+        shape, spec = _nominal_shape(ours), ours.spectral[0].mode_spec
+        for i, conv in enumerate(model.fno_blocks.convs):
+            factors = from_neuralop_factors(conv.weight, shape, spec)
+            state.update({f"spectral.{i}.weight.{k}": v for k, v in factors.items()})
+    ours.load_state_dict({k: v.to(dtype=mine[k].dtype, device=mine[k].device) for k, v in state.items()})
     ours.train(model.training)
     return ours
 
@@ -212,6 +244,9 @@ def to_neuralop(ours: FNO) -> nn.Module:
         ratio = math.nextafter(ratio, math.inf)
     d = spectral.ndim
     in_channels = ours.lift.weight.shape[1] - (d if options["positional_embedding"] == "grid" else 0)
+    factorization, rank = spectral.factorization, 1.0
+    if factorization is not None:
+        rank = spectral.weight.rank
     with torch.random.fork_rng(devices=[]):
         theirs = NeuralopFNO(
             n_modes=neuralop_n_modes(_nominal_shape(ours), spectral.mode_spec),
@@ -229,11 +264,21 @@ def to_neuralop(ours: FNO) -> nn.Module:
             channel_mlp_expansion=options["channel_mlp_expansion"],
             channel_mlp_skip=options["channel_mlp_skip"],
             fno_skip=options["fno_skip"],
+            factorization=factorization,
+            rank=rank,
         )
     mine = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu() for k, v in ours.state_dict().items()}
     state = theirs.state_dict()
     for name, their_name, _, to_theirs in _pairs(ours):
         state[their_name] = to_theirs(mine[name]).to(state[their_name].dtype)
+    if factorization is not None:
+        shape, spec = _nominal_shape(ours), spectral.mode_spec
+        for i in range(len(ours.spectral)):
+            prefix = f"spectral.{i}.weight."
+            own = {k.removeprefix(prefix): v for k, v in mine.items() if k.startswith(prefix)}
+            for k, v in to_neuralop_factors(own, shape, spec).items():
+                key = f"fno_blocks.convs.{i}.weight.{k}"
+                state[key] = v.to(state[key].dtype)
     theirs.load_state_dict(state)
     theirs.train(ours.training)
     return theirs
