@@ -374,7 +374,7 @@ def test_a_failing_rank_prints_its_traceback_once_and_logs_every_rank(capsys, mo
     assert done.returncode != 0 and time.monotonic() - began < 60
     line = f"drift train: error: rank 1 failed: RuntimeError: rank 1 broke (every failed rank's report: {log})"
     assert done.stderr.count(line) == 1 and done.stderr.count("in _torchrun_rank_1_raises") == 1, done.stderr
-    assert "--- rank 1, attempt 0 ---" in log.read_text() and "in _torchrun_rank_1_raises" in log.read_text()
+    assert "--- rank 1, attempt 0, job " in log.read_text() and "in _torchrun_rank_1_raises" in log.read_text()
     assert _checkpoints(out) == (["epoch-0001"], "epoch-0001")
 
 

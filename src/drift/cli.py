@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -109,7 +110,10 @@ def _own_failure(out: str, rank: int, attempt: int) -> str:
     kind, _, message = report.rstrip().rsplit("\n", 1)[-1].partition(": ")
     line = f"rank {rank} failed: {kind}: {' '.join(message.split())[:500]}"
     print(report.rstrip(), file=sys.stderr)
-    if (problem := _write_log(out, f"--- rank {rank}, attempt {attempt} ---\n{report.rstrip()}\n", "a")) is not None:
+    # Appended: the ranks start apart, so none can tell an earlier job's log from one a peer just wrote.
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "?")
+    header = f"--- rank {rank}, attempt {attempt}, job {job}, {time.strftime('%Y-%m-%d %H:%M:%S')} ---"
+    if (problem := _write_log(out, f"{header}\n{report.rstrip()}\n", "a")) is not None:
         return f"{line} ({problem})"
     return f"{line} (every failed rank's report: {os.path.join(out, FAILURE_LOG)})"
 
@@ -170,8 +174,6 @@ def _train(args: argparse.Namespace) -> int:
             rank = int(os.environ["RANK"])
             if restart_count() > 0:  # torchrun restarted the job
                 config = restarted(config)
-            elif rank == 0:
-                _forget_failure(config.out)
             check_fresh_run(config)
             try:
                 history = train_rank(config)  # checks the options on every rank, after the data exist
