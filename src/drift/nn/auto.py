@@ -182,26 +182,14 @@ def choose_method(
     modes: Sequence[ModeSpec],
     parts: Sequence[int],
     *,
-    in_channels: int,
-    out_channels: int,
-    real: bool = True,
-    complex_bytes: int = 8,
-    machine: Machine,
     excluded: Sequence[str] = (),
+    **model,
 ) -> MethodChoice:
-    """The cheapest candidate by ``method_costs`` (none of ``excluded``); PlanError, naming the grid
-    and the modes, when no candidate can run them."""
+    """The cheapest candidate by ``method_costs`` (``model``: its keyword arguments, ``machine``,
+    ``in_channels``, ...), none of ``excluded``; PlanError, naming the grid and the modes, when no
+    candidate can run them."""
     try:
-        costs = method_costs(
-            global_shape,
-            modes,
-            parts,
-            in_channels=in_channels,
-            out_channels=out_channels,
-            real=real,
-            complex_bytes=complex_bytes,
-            machine=machine,
-        )
+        costs = method_costs(global_shape, modes, parts, **model)
     except ValueError as exc:
         raise PlanError(f"method='auto' at resolution {tuple(global_shape)}: no method fits ({exc})") from None
     costs = [c for c in costs if c.method not in excluded]

@@ -27,8 +27,10 @@ OTHER_DEVICES_CHUNK_BYTES = 256 * 2**20
 PointwiseFn = Callable[..., torch.Tensor]
 
 
-def _steps(points: int, step: int) -> range:
-    return range(0, points, step)
+def _points_per_chunk(device: torch.device, bytes_per_point: int, chunk_bytes: int | None = None) -> int:
+    """Points per chunk: ``chunk_bytes`` (default ``CHUNK_BYTES`` for the device) of intermediates."""
+    chunk_bytes = chunk_bytes or CHUNK_BYTES.get(device.type, OTHER_DEVICES_CHUNK_BYTES)
+    return max(1, chunk_bytes // max(1, bytes_per_point))
 
 
 class _Chunked(torch.autograd.Function):
@@ -37,7 +39,7 @@ class _Chunked(torch.autograd.Function):
         ctx.fn, ctx.step = fn, step
         ctx.save_for_backward(x, *params)
         out = x.new_empty(x.shape[0], out_channels, x.shape[2])
-        for s in _steps(x.shape[2], step):
+        for s in range(0, x.shape[2], step):
             out[..., s : s + step] = fn(x[..., s : s + step], *params)
         return out
 
@@ -48,7 +50,7 @@ class _Chunked(torch.autograd.Function):
         wanted = [p for p in leaves if p.requires_grad]
         grads = [torch.zeros_like(p) for p in wanted]
         grad_x = torch.empty_like(x) if ctx.needs_input_grad[3] else None
-        for s in _steps(x.shape[2], ctx.step):
+        for s in range(0, x.shape[2], ctx.step):
             part = x[..., s : s + ctx.step].detach().requires_grad_(grad_x is not None)
             with torch.enable_grad():
                 y = ctx.fn(part, *leaves)
@@ -78,8 +80,7 @@ def chunked_pointwise(
     Differentiable in ``x`` and ``params``: the backward pass recomputes each chunk (``fn`` must be
     deterministic). Returns ``(b, out_channels, *spatial)``."""
     flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
-    chunk_bytes = chunk_bytes or CHUNK_BYTES.get(x.device.type, OTHER_DEVICES_CHUNK_BYTES)
-    step = max(1, chunk_bytes // max(1, bytes_per_point))
+    step = _points_per_chunk(x.device, bytes_per_point, chunk_bytes)
     out = _Chunked.apply(fn, step, out_channels, flat, *params)
     return out.view(x.shape[0], out_channels, *x.shape[2:])
 
@@ -97,9 +98,8 @@ def accumulate_in_place(
     flat_x = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
     flat = y.view(y.shape[0], y.shape[1], flat_x.shape[2])
     w = weight.expand(x.shape[0], -1, -1)
-    chunk_bytes = CHUNK_BYTES.get(y.device.type, OTHER_DEVICES_CHUNK_BYTES)
-    step = max(1, chunk_bytes // max(1, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size()))
-    for s in _steps(flat.shape[2], step):
+    step = _points_per_chunk(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
+    for s in range(0, flat.shape[2], step):
         part = flat[..., s : s + step]
         torch.baddbmm(part, w, flat_x[..., s : s + step], out=part)
         if bias is not None:
