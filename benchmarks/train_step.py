@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+STEP_KEYS = ("step_s", "forward_s", "peak_gb", "base_gb", "loss")
 
 
 def _block_worker(shape: tuple[int, ...], threads: int) -> None:
@@ -69,7 +70,14 @@ def _worker(shape: tuple[int, ...], threads: int) -> None:
         optimizer.step()
         steps.append(time.perf_counter() - began)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print("RESULT", json.dumps(dict(step_s=min(steps), peak_gb=peak / 1e9, base_gb=before / 1e9, loss=loss.item())))
+    forwards = []
+    with torch.no_grad():
+        for _ in range(2):
+            began = time.perf_counter()
+            model(x)
+            forwards.append(time.perf_counter() - began)
+    result = dict(step_s=min(steps), forward_s=min(forwards), peak_gb=peak / 1e9, base_gb=before / 1e9)
+    print("RESULT", json.dumps(dict(result, loss=loss.item())))
 
 
 def _measure(tree: Path, what: str, shape: str, threads: int) -> dict:
@@ -107,14 +115,12 @@ def main() -> None:
     if args.what == "block":
         _block_summary(args, runs)
         return
-    summary = {
-        name: {key: statistics.median(r[key] for r in rows) for key in ("step_s", "peak_gb", "base_gb", "loss")}
-        for name, rows in runs.items()
-    }
+    summary = {name: {key: statistics.median(r[key] for r in rows) for key in STEP_KEYS} for name, rows in runs.items()}
     print(f"training step, FNO 5 -> 5, width 20, 4 blocks, modes (8, 8, 8, 16), {args.shape}, {args.threads} threads")
     for name, s in summary.items():
         peak = f"peak RSS {s['peak_gb']:6.2f} GB (model and data {s['base_gb']:.2f})"
-        print(f"{name:6s} step {s['step_s']:6.2f} s  {peak}  loss {s['loss']:.7f}")
+        step = f"step {s['step_s']:6.2f} s ({s['step_s'] / s['forward_s']:.1f}x its forward, {s['forward_s']:.2f} s)"
+        print(f"{name:6s} {step}  {peak}  loss {s['loss']:.7f}")
     b, a = summary["before"], summary["after"]
     grown = lambda s: s["peak_gb"] - s["base_gb"]  # noqa: E731
     print(
