@@ -189,12 +189,14 @@ def _fno_forward(shape, grid, data, method):
     parallelize(model, mesh, placements)
     x = random_tensor((2, 2, *shape), torch.float64, 8)
     xd, _ = _distribute(x, mesh, placements, device)
+    with torch.no_grad():
+        unrecorded = model(xd).full_tensor().cpu()
     y = model(xd)
     _loss(y.to_local(), 200 + rank).backward()
     grads = {n: _whole(p.grad) for n, p in model.named_parameters()}
     state = {k: _whole(v) for k, v in model.state_dict().items()}
     layout = drift.Layout((2, 1, *shape), mesh, placements)  # this rank's block of the output
-    return y.full_tensor().detach().cpu(), grads, state, (layout.local_slices, rank)
+    return y.full_tensor().detach().cpu(), grads, state, (layout.local_slices, rank), unrecorded
 
 
 @pytest.mark.parametrize(
@@ -216,9 +218,9 @@ def test_fno_is_the_same_function_on_every_mesh(ranks, grid, data, method):
     y_ref = single(x)
     assert rel_err(y_ref, reference_fno(single, x)) <= 1e-12
     results = ranks.run(math.prod(grid) * max(data, 1), _fno_forward, shape, grid, data, method)
-    sum(_loss(y_ref[slices], 200 + r) for _, _, _, (slices, r) in results).backward()
-    for y, grads, state, _ in results:
-        assert rel_err(y, y_ref) <= 1e-12
+    sum(_loss(y_ref[slices], 200 + r) for _, _, _, (slices, r), _ in results).backward()
+    for y, grads, state, _, unrecorded in results:
+        assert rel_err(y, y_ref) <= 1e-12 and rel_err(unrecorded, y_ref) <= 1e-12
         for name, p in single.named_parameters():
             assert rel_err(grads[name], p.grad) <= 1e-12, name
         for name, value in single.state_dict().items():
@@ -460,18 +462,45 @@ def test_plans_are_cached_per_resolution():
     assert list(layer.plans.keys()) == ["10x6_rr", "11x6_rr", "8x6_rr", "12x6_rr"]
 
 
-def test_fno_block_without_autograd_matches():
-    """The unrecorded block accumulates the pointwise gemm into the spectral output in place."""
+@pytest.mark.parametrize("method", drift.nn.METHODS)
+def test_spectral_conv_into_a_preallocated_tensor(method):
+    torch.manual_seed(6)
+    conv = SpectralConv(2, 3, (2, 2, 3), method=method, bias=True, dtype=torch.float64)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 11)
+    expected = conv(x)
+    out = torch.full_like(expected, float("nan")).detach()
+    with torch.no_grad():
+        assert conv.forward_local(x, drift.Layout((9, 8, 6)), out=out) is out
+    assert rel_err(out, expected) <= 1e-12
+
+
+@pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])
+def test_fno_without_autograd_matches(monkeypatch, non_linearity):
+    """Unrecorded, the blocks accumulate the pointwise gemm into the spectral output in place, in two
+    resident activation buffers, and the projection runs through one resident hidden buffer, in chunks
+    (here 5 points per projection chunk, a ragged last one); outputs never alias those buffers."""
+    import drift.nn.chunked as chunked
+
     torch.manual_seed(4)
-    model = FNO(2, 1, 6, (2, 2, 3), n_layers=2, dtype=torch.float64)
+    model = FNO(2, 1, 6, (2, 2, 3), n_layers=3, dtype=torch.float64, non_linearity=non_linearity)
     x = random_tensor((2, 2, 9, 8, 6), torch.float64, 9)
+    monkeypatch.setitem(chunked.RESIDENT_CHUNK_BYTES, x.device.type, model.project_hidden.weight.shape[0] * 8 * 5)
     recorded = model(x)
     with torch.no_grad():
         unrecorded = model(x)
+        buffers = [b.data_ptr() for b in model._activations._buffers.values()]
+        again = model(2 * x)
+        assert [b.data_ptr() for b in model._activations._buffers.values()] == buffers and len(buffers) == 3
     with torch.inference_mode():
         inference = model(x)
     assert recorded.requires_grad and not unrecorded.requires_grad
     assert rel_err(unrecorded, recorded) <= 1e-12 and rel_err(inference, recorded) <= 1e-12
+    assert rel_err(again, model(2 * x)) <= 1e-12 and not torch.equal(again, unrecorded)
+    if non_linearity is torch.nn.functional.gelu:
+        assert rel_err(unrecorded, reference_fno(model, x)) <= 1e-12
+    model.float()
+    with torch.no_grad():
+        assert rel_err(model(x.float()), recorded) <= 2e-6
 
 
 @pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])

@@ -453,6 +453,30 @@ def test_chunked_unrecorded_passes_match(real):
     assert rel_err(plan.forward(x.clone().requires_grad_(True)), whole[0]) <= 1e-12
 
 
+@pytest.mark.parametrize("real", [True, False])
+def test_inverse_into_a_preallocated_tensor(real):
+    """``inverse(out=...)`` writes torch.fft's values into ``out`` (in chunks) and returns it; an ``out`` it
+    cannot fill as it is is a PlanError."""
+    plan = drift.TruncatedFFT((10, 9, 7), (3, 2, 3), real=real, dtype=torch.float64)
+    xhat = random_tensor((2, 3, *plan.mode_shape), torch.float64, 15, complex_=True)
+    if real:  # the spectrum of a real field, so that its inverse is irfftn's
+        xhat = truncated_spectrum(random_tensor((2, 3, 10, 9, 7), torch.float64, 16), plan.modes, True, "backward")
+    expected = zero_filled_inverse(xhat, plan.modes, (10, 9, 7), real, "backward")
+    out = torch.full_like(expected, float("nan"))
+    plan.work_bytes = 1  # one row per chunk
+    assert plan.inverse(xhat, out=out) is out
+    assert rel_err(out, expected) <= 1e-12
+    for bad in (
+        out[..., :6],
+        out.transpose(-1, -2).contiguous().transpose(-1, -2),
+        out.to(torch.complex128 if real else torch.float64),
+    ):
+        with pytest.raises(drift.PlanError, match="out= must be a contiguous"):
+            plan.inverse(xhat, out=bad)
+    with pytest.raises(drift.PlanError, match="automatic differentiation"):
+        plan.inverse(xhat.clone().requires_grad_(True), out=out)
+
+
 def _check_dtensors(shape, grid, placements, modes, real, batch):
     """DTensor in, DTensor out: global values are torch.fft's, and the gradient of a DTensor loss on the output,
     or of a loss on its ``full_tensor()``, is single-process autograd's."""

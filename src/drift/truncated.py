@@ -470,7 +470,9 @@ class TruncatedFFT(ComplexModule):
             return _LinearMap.apply(self, stages, adjoint, name, t)
         return self._run_chunks(stages, t, name)
 
-    def _run_chunks(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
+    def _run_chunks(
+        self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         matrices = [getattr(self, stage.name) for stage in stages]
         sizes, rows = list(t.shape[1:]), t.shape[0]
         widest = math.prod(sizes)
@@ -479,7 +481,7 @@ class TruncatedFFT(ComplexModule):
             widest = max(widest, math.prod(sizes), 1)
         chunk = max(1, min(rows, self.work_bytes // (4 * widest * self.complex_dtype.itemsize)))
         result_dtype = self.dtype if stages[-1].kind == "real_out" else self.complex_dtype
-        result = t.new_empty((rows, *sizes), dtype=result_dtype)
+        result = t.new_empty((rows, *sizes), dtype=result_dtype) if out is None else out.view(rows, *sizes)
         for start in range(0, rows, chunk):
             piece = t[start : start + chunk]
             for i, stage in enumerate(stages[:-1]):
@@ -516,7 +518,7 @@ class TruncatedFFT(ComplexModule):
         share = self.layout.reduce_scatter_shares(spec.reshape(math.prod(batch), *self.mode_shape))
         return share.view(*batch, *share.shape[1:])
 
-    def inverse(self, xhat: torch.Tensor, sharded: bool = False) -> torch.Tensor:
+    def inverse(self, xhat: torch.Tensor, sharded: bool = False, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's block of the inverse transform of the zero-filled spectrum (over the padded
         extents, at the real points).
 
@@ -525,12 +527,16 @@ class TruncatedFFT(ComplexModule):
                 communication). ``sharded=True``: ``(*batch, *share_shape)`` shares as
                 ``forward(x, sharded=True)`` returns them, all-gathered first. Or a DTensor of the
                 spectrum (Replicate, or sharded on the first mode dim as ``forward`` returns it).
+            out: a preallocated contiguous tensor of the result's shape and dtype to write it into (a
+                plain ``xhat``, outside autograd), e.g. a resident buffer that spares a fresh allocation.
         Returns ``(*batch, n1_loc, ..., nd_loc)``: real (``irfftn`` semantics) for a real plan, else
         complex; a DTensor of the global field for a DTensor input. A replicated plain ``xhat`` gets
         this rank's contribution as its gradient: the full gradient is the sum over ranks (which the
         all-reduce of a preceding ``forward`` performs).
         """
         if isinstance(xhat, DTensor):
+            if out is not None:
+                raise PlanError("inverse: out= takes this rank's block, not a DTensor input")
             return self._inverse_dtensor(xhat, sharded)
         if sharded:
             xhat = self._check(xhat, "sharded inverse input", self.share_shape, complex_input=True)
@@ -540,7 +546,24 @@ class TruncatedFFT(ComplexModule):
             xhat = self._check(xhat, "inverse input", self.mode_shape, complex_input=True)
             batch = xhat.shape[: xhat.dim() - len(self.mode_shape)]
             spec = xhat.reshape(math.prod(batch), *self.mode_shape)
+        if out is not None:
+            self._check_out(out, (*batch, *self.local_shape), spec)
+            self._run_chunks(self._inverse_stages, spec, "inverse", out)
+            return out
         return self._run(self._inverse_stages, spec, "inverse", self._inverse_adjoint).view(*batch, *self.local_shape)
+
+    def _check_out(self, out: torch.Tensor, shape: tuple[int, ...], spec: torch.Tensor) -> None:
+        """PlanError unless ``out`` can take the inverse of ``spec`` as it is: contiguous, of ``shape``,
+        the result's dtype and device, and not recorded by autograd."""
+        dtype = self.dtype if self.real else self.complex_dtype
+        if tuple(out.shape) != shape or out.dtype != dtype or out.device != self.device or not out.is_contiguous():
+            raise PlanError(
+                f"inverse: out= must be a contiguous {dtype} tensor of shape {shape} on {self.device}, got "
+                f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {out.dtype} tensor of shape "
+                f"{tuple(out.shape)} on {out.device}"
+            )
+        if torch.is_grad_enabled() and (spec.requires_grad or out.requires_grad):
+            raise PlanError("inverse: out= does not support automatic differentiation (an input requires grad)")
 
     def _dtensor_lead(self, x: DTensor, what: str) -> int:
         layout, _ = dtensor_layout(x, len(self.global_shape), batch_axes_ok=False)

@@ -15,7 +15,9 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.nn import functional as F
 
+from drift._plan import Workspace
 from drift.nn.pointwise import activate
 
 # Intermediates per chunk. On the CPU below glibc's largest mmap threshold (32 MiB), so that chunks reuse
@@ -23,6 +25,9 @@ from drift.nn.pointwise import activate
 # MiB, 4x the whole-tensor forward); elsewhere large, each chunk costing kernel launches.
 CHUNK_BYTES = {"cpu": 16 * 2**20}
 OTHER_DEVICES_CHUNK_BYTES = 256 * 2**20
+# Intermediates per chunk in passes through resident buffers (nothing allocated per chunk): on the CPU
+# about one core's L2, so that each chunk is written and read back while it is in cache.
+RESIDENT_CHUNK_BYTES = {"cpu": 2 * 2**20}
 
 PointwiseFn = Callable[..., torch.Tensor]
 
@@ -31,6 +36,54 @@ def _points_per_chunk(device: torch.device, bytes_per_point: int, chunk_bytes: i
     """Points per chunk: ``chunk_bytes`` (default ``CHUNK_BYTES`` for the device) of intermediates."""
     chunk_bytes = chunk_bytes or CHUNK_BYTES.get(device.type, OTHER_DEVICES_CHUNK_BYTES)
     return max(1, chunk_bytes // max(1, bytes_per_point))
+
+
+def _resident_points(device: torch.device, bytes_per_point: int) -> int:
+    return _points_per_chunk(device, bytes_per_point, RESIDENT_CHUNK_BYTES.get(device.type, OTHER_DEVICES_CHUNK_BYTES))
+
+
+def activate_(non_linearity: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``x`` overwritten by ``activate(non_linearity, x)``; in place without a temporary for real ``x``
+    and ``F.gelu`` (exact form), ``F.relu`` or ``torch.relu``."""
+    if not x.is_complex():
+        if non_linearity is F.gelu:
+            return torch.ops.aten.gelu_(x)
+        if non_linearity in (F.relu, torch.relu):
+            return x.relu_()
+    return x.copy_(activate(non_linearity, x))
+
+
+def mlp_unrecorded(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    non_linearity: Callable[[torch.Tensor], torch.Tensor],
+    work: Workspace,
+) -> torch.Tensor:
+    """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a cache-sized chunk
+    of points at a time through one resident hidden buffer of ``work``: the hidden layer never exists for
+    the whole block and nothing is allocated per chunk. Returns a fresh ``(b, c_out, *spatial)``."""
+    flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    out = x.new_empty(x.shape[0], w2.shape[0], flat.shape[2])
+    hidden = w1.shape[0]
+    step = _resident_points(x.device, hidden * x.element_size())
+    buffer = work.get(("mlp_hidden",), (hidden * step,), x.dtype, x.device)
+    for i in range(flat.shape[0]):
+        for s in range(0, flat.shape[2], step):
+            part = flat[i, :, s : s + step]
+            h = buffer[: hidden * part.shape[1]].view(hidden, part.shape[1])
+            if b1 is None:
+                torch.mm(w1, part, out=h)
+            else:
+                torch.addmm(b1[:, None], w1, part, out=h)
+            activate_(non_linearity, h)
+            if b2 is None:
+                torch.mm(w2, h, out=out[i, :, s : s + step])
+            else:
+                torch.addmm(b2[:, None], w2, h, out=out[i, :, s : s + step])
+    return out.view(x.shape[0], w2.shape[0], *x.shape[2:])
 
 
 class _Chunked(torch.autograd.Function):
@@ -98,12 +151,12 @@ def accumulate_in_place(
     flat_x = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
     flat = y.view(y.shape[0], y.shape[1], flat_x.shape[2])
     w = weight.expand(x.shape[0], -1, -1)
-    step = _points_per_chunk(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
+    step = _resident_points(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
     for s in range(0, flat.shape[2], step):
         part = flat[..., s : s + step]
         torch.baddbmm(part, w, flat_x[..., s : s + step], out=part)
         if bias is not None:
             part.add_(bias[None, :, None])
         if non_linearity is not None:
-            part.copy_(activate(non_linearity, part))
+            activate_(non_linearity, part)
     return y

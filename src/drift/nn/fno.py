@@ -10,9 +10,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
+from drift._plan import Workspace
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
-from drift.nn.chunked import accumulate_in_place, chunked_pointwise
+from drift.nn.chunked import accumulate_in_place, chunked_pointwise, mlp_unrecorded
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
 from drift.nn.norm import NORMS, GlobalNorm
 from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
@@ -41,11 +42,14 @@ def fno_block(
     layout: Layout,
     activation: bool = True,
     non_linearity: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One FNO block on this rank's block ``x``, ``non_linearity(K x + W x)`` (none when ``activation``
-    is False). The spectral output is a fresh tensor, so the pointwise gemm accumulates into it; without
-    autograd, and activation, a chunk of points at a time (``accumulate_in_place``)."""
-    y = spectral.forward_local(x, layout)
+    is False). The spectral output is a fresh tensor (or ``out``: a preallocated contiguous tensor of the
+    output's shape, outside autograd), so the pointwise gemm accumulates into it; without autograd, and
+    activation, a chunk of points at a time (``accumulate_in_place``)."""
+    y = spectral.forward_local(x, layout, out=out)
     with phase("pointwise+gelu"):
         recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or pointwise.weight.requires_grad)
         if recorded or torch.is_autocast_enabled(x.device.type):
@@ -211,6 +215,7 @@ class FNO(nn.Module):
                 self.norms.extend(GlobalNorm(norm, width, **factory) for _ in range(2))
         self.project_hidden = PointwiseLinear(width, projection_width, **pointwise)
         self.project_out = PointwiseLinear(projection_width, out_channels, **pointwise)
+        self._activations = Workspace()
 
     @classmethod
     def neuralop_defaults(
@@ -258,23 +263,46 @@ class FNO(nn.Module):
         return y
 
     def forward_local(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
-        """The model on this rank's block ``x`` ``(b, in, *layout.local_shape)``."""
+        """The model on this rank's block ``x`` ``(b, in, *layout.local_shape)``.
+
+        Outside autograd the activations between Li et al.'s blocks (linear skip, no channel MLP, no norm)
+        live in two resident buffers used in turn, so a forward allocates no block-sized tensor but its
+        output: on the CPU a fresh one costs its page faults on every call (glibc maps it afresh)."""
         if self.positional_embedding == "grid":
             x = grid_embedding(x, layout)
-        x = self.lift(x)
+        buffers = self._activation_buffers(x)
         if self.lift_out is not None:
-            x = self.lift_out(activate(self.non_linearity, x))
+            x = self.lift_out(activate(self.non_linearity, self.lift(x)), out=buffers[0] if buffers else None)
+        else:
+            x = self.lift(x, out=buffers[0] if buffers else None)
         for i in range(len(self.spectral)):
-            x = self._block(i, x, layout)
+            x = self._block(i, x, layout, out=buffers[(i + 1) % 2] if buffers else None)
         return self._project(x)
 
-    def _block(self, i: int, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+    def _activation_buffers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Two resident ``(b, width, *spatial)`` buffers for an unrecorded forward of plain blocks on ``x``
+        (None under autograd or autocast, or with a channel MLP, a norm or a skip other than linear)."""
+        plain = self.channel_mlp is None and self.norms is None
+        plain = plain and all(isinstance(skip, PointwiseLinear) for skip in self.pointwise)
+        recorded = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        if not plain or recorded or torch.is_autocast_enabled(x.device.type):
+            return None
+        width, dtype = self.pointwise[0].weight.shape[0], self.lift.weight.dtype
+        shape = (x.shape[0], width, *x.shape[2:])
+        return tuple(self._activations.get(("activation", i), shape, dtype, x.device) for i in range(2))
+
+    def _apply(self, fn, recurse=True):
+        self._activations.clear()
+        return super()._apply(fn, recurse)
+
+    def _block(self, i: int, x: torch.Tensor, layout: Layout, out: torch.Tensor | None = None) -> torch.Tensor:
         """Block ``i`` as neuraloperator's FNOBlocks (post-activation): ``y = act(norm(K x) + skip(x))``,
-        then ``act(norm(mlp(y) + mlp_skip(x)))``; no activation after the last block."""
+        then ``act(norm(mlp(y) + mlp_skip(x)))``; no activation after the last block. ``out``: where a
+        plain block (``_activation_buffers``) writes its output."""
         activation = i < len(self.spectral) - 1
         spectral, skip = self.spectral[i], self.pointwise[i]
         if isinstance(skip, PointwiseLinear) and self.norms is None:
-            y = fno_block(spectral, skip, x, layout, activation, self.non_linearity)
+            y = fno_block(spectral, skip, x, layout, activation, self.non_linearity, out=out)
         else:
             y = spectral.forward_local(x, layout)
             if self.norms is not None:
@@ -291,17 +319,20 @@ class FNO(nn.Module):
         return activate(self.non_linearity, y) if activation else y
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
-        """The projection ``out(act(hidden(x)))`` a chunk of points at a time (``chunked_pointwise``): its
-        hidden layer, the largest tensor of an FNO, never exists for the whole block, in the forward pass
-        or for the backward one (which recomputes it per chunk). Under autocast, in one piece."""
+        """The projection ``out(act(hidden(x)))`` a chunk of points at a time: its hidden layer, the largest
+        tensor of an FNO, never exists for the whole block, in the forward pass or for the backward one
+        (``chunked_pointwise`` recomputes it per chunk); outside autograd through one resident cache-sized
+        buffer (``mlp_unrecorded``). Under autocast, in one piece."""
         hidden, out, act = self.project_hidden, self.project_out, self.non_linearity
         if torch.is_autocast_enabled(x.device.type):
             return out(activate(act, hidden(x)))
+        params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]
+        if not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))):
+            return mlp_unrecorded(x, *params, act, self._activations)
 
         def mlp(part, w1, b1, w2, b2):
             h = torch.baddbmm(b1[None, :, None], w1.expand(part.shape[0], -1, -1), part)
             return torch.baddbmm(b2[None, :, None], w2.expand(part.shape[0], -1, -1), activate(act, h))
 
-        params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]
         per_point = 2 * x.shape[0] * hidden.weight.shape[0] * hidden.weight.element_size()  # h and act(h)
         return chunked_pointwise(mlp, x, params, out.weight.shape[0], per_point)

@@ -68,18 +68,34 @@ class PointwiseLinear(Replicated):
     def extra_repr(self) -> str:
         return f"{self.weight.shape[1]}, {self.weight.shape[0]}, bias={self.bias is not None}"
 
-    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
-        """``W x + b``, plus ``add`` (a tensor shaped like the output) when given, on this rank's block."""
+    def forward(
+        self, x: torch.Tensor, add: torch.Tensor | None = None, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``W x + b``, plus ``add`` (a tensor shaped like the output) when given, on this rank's block;
+        written into ``out`` when given (a preallocated contiguous tensor of the output's shape and
+        dtype, outside autograd, without ``add``)."""
         weight = self.replicated(self.weight)
         bias = self.bias if self.bias is None else self.replicated(self.bias)
         flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
         weight = weight.expand(x.shape[0], -1, -1)
-        out = (x.shape[0], self.weight.shape[0], *x.shape[2:])
+        shape = (x.shape[0], self.weight.shape[0], *x.shape[2:])
+        recorded = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if out is not None:
+            if recorded or add is not None or tuple(out.shape) != shape or not out.is_contiguous():
+                raise ValueError(
+                    f"PointwiseLinear: out= takes a contiguous tensor of shape {shape}, outside autograd and "
+                    f"without add=; got shape {tuple(out.shape)}"
+                )
+            target = out.view(flat.shape[0], shape[1], flat.shape[2])
+            if bias is None:
+                torch.bmm(weight, flat, out=target)
+            else:
+                torch.baddbmm(bias[None, :, None], weight, flat, out=target)
+            return out
         if bias is None:
             if add is None:
-                return torch.bmm(weight, flat).view(out)
-            return torch.baddbmm(add.reshape(flat.shape[0], -1, flat.shape[2]), weight, flat).view(out)
-        recorded = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+                return torch.bmm(weight, flat).view(shape)
+            return torch.baddbmm(add.reshape(flat.shape[0], -1, flat.shape[2]), weight, flat).view(shape)
         if add is None:
             # baddbmm adds the (broadcast) bias inside the gemm: one pass over the output instead of two.
             y = torch.baddbmm(bias[None, :, None], weight, flat)
@@ -92,7 +108,7 @@ class PointwiseLinear(Replicated):
             # Unrecorded: accumulate into ``add`` itself (its owner hands it over), no new full-size tensor.
             y = add.reshape(flat.shape[0], self.weight.shape[0], flat.shape[2])
             torch.baddbmm(y, weight, flat, out=y).add_(bias[None, :, None])
-        return y.view(out)
+        return y.view(shape)
 
 
 class SoftGating(Replicated):

@@ -341,13 +341,21 @@ class SpectralConv(ComplexModule):
             )
         return layout_of(x, d, self.mesh, self.input_placements)
 
-    def forward_local(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+    def forward_local(self, x: torch.Tensor, layout: Layout, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """The convolution of this rank's block ``x`` ``(b, in, *layout.local_shape)`` of a field laid out
-        as ``layout``; returns ``(b, out, *layout.local_shape)``. Under autocast it runs, and returns, in
-        the weight's precision."""
+        as ``layout``; returns ``(b, out, *layout.local_shape)``, written into ``out`` when given (a
+        preallocated contiguous tensor of that shape, outside autograd: "drift" writes its inverse there,
+        the dfno methods copy). Under autocast it runs, and returns, in the weight's precision."""
         if x.shape[2:] != layout.local_shape:
             raise PlanError(f"expected a block ending in {layout.local_shape}, got shape {tuple(x.shape)}")
         self._precision()
+        if out is not None:
+            if torch.is_autocast_enabled(x.device.type):
+                raise PlanError("SpectralConv: out= is not supported under torch.autocast")
+            y = self._convolve(x, layout, out)
+            if self.bias is not None:
+                y.add_(replicate_over(self.mesh, self.bias).view(-1, *[1] * self.ndim))
+            return y
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
                 x = x.to(self._precision() if self.real else complex_dtype(self._precision()))
@@ -386,8 +394,10 @@ class SpectralConv(ComplexModule):
             return w[(slice(None), slice(None), *(p.to(w.device) for p in positions))]
         return w
 
-    def _convolve(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+    def _convolve(self, x: torch.Tensor, layout: Layout, out: torch.Tensor | None = None) -> torch.Tensor:
         plan = self.plan(layout)
+        if out is not None and self.method != "drift":
+            return out.copy_(self._convolve(x, layout))
         with phase("multiply"):
             w = self._local_weight(plan, layout)
         if self.method == "drift":
@@ -396,7 +406,7 @@ class SpectralConv(ComplexModule):
             with phase("multiply"):
                 mixed = mix_channels(shares, w)
             with phase("transform"):
-                return plan.inverse(mixed, sharded=True)
+                return plan.inverse(mixed, sharded=True, out=out)
         padding = self.padding_at(layout.global_shape)
         with phase("transform"):
             spectrum = plan(pad_block(x, padding))
