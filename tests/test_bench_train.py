@@ -21,9 +21,11 @@ def test_bench_train_compares_methods(tmp_path, capsys):
     generate(data, samples=3, resolution=8, frames=7, seed=2, progress=False)
     tiny = ["--t-in", "2", "--t-out", "4", "--width", "4", "--modes", "2", "2", "2", "2", "--layers", "2"]
     argv = ["train", "--data", str(data), "--nproc", "2", "--epochs", "2", "--out", str(tmp_path / "out"), *tiny]
-    assert main(argv) == 0
-    assert "vs drift" in capsys.readouterr().out
+    assert main([*argv, "--model", "plain"]) == 0
+    printed = capsys.readouterr().out
+    assert "vs drift" in printed and "plain FNO" in printed
     report = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert report["config"]["model"] == "plain"
     runs = {r["method"]: r for r in report["runs"]}
     assert set(runs) == {"drift", "dfno"} and report["command"] == "train"
     for run in runs.values():

@@ -25,7 +25,7 @@ from drift.bench.output import positive_float, positive_int
 from drift.data import read_layout
 from drift.launch import RankError, run_ranks
 from drift.nn import METHODS
-from drift.train import ConfigError, TrainConfig, check_config, config_from, ensure_default_data, train_rank
+from drift.train import MODELS, ConfigError, TrainConfig, check_config, config_from, ensure_default_data, train_rank
 
 PHASES = ("forward", "backward", "optimizer", "test", "data")  # seconds per epoch, as drift.train's rows
 
@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     header += ["final loss", "test rel L2", "max loss diff"]
     grid = "x".join(map(str, read_layout(base.data)[2:]))
     title = (
-        f"training on {grid}, {args.epochs} epochs, width {args.width}, modes {tuple(args.modes)}, {args.layers} layers"
+        f"training on {grid}, {args.epochs} epochs, {args.model} FNO, width {args.width}, modes {tuple(args.modes)}, "
+        f"{args.layers} layers"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     _plot(runs, args.out / "train.png")
@@ -116,6 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolution", type=positive_int, help="generated data at this many points per dim")
     parser.add_argument("--samples", type=positive_int, help="trajectories of the generated data")
     parser.add_argument("--epochs", type=positive_int, default=3)
+    parser.add_argument(
+        "--model", choices=MODELS, default=d.model, help="neuralop (drift train's default) or plain (the paper's FNO)"
+    )
     parser.add_argument("--width", type=positive_int, default=d.width)
     parser.add_argument("--modes", type=positive_int, nargs=4, default=list(d.modes), metavar="K")
     parser.add_argument("--layers", type=positive_int, default=d.layers)
