@@ -80,16 +80,47 @@ def spectral_weight(
     return w / (in_channels * out_channels)
 
 
-def mix_channels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``einsum("bi...,io...->bo...", x, w)`` over per-mode channel matrices: one multiply-add per input
-    channel, vectorised over the modes (several times faster on CPU than einsum's tiny batched gemms)."""
-    # unbind, not indexing: its backward stacks the per-channel gradients once, where each index's
-    # backward would materialise a zero tensor the size of the whole weight.
-    xs, ws = x.unbind(1), w.unbind(0)
-    y = xs[0].unsqueeze(1) * ws[0]
-    for xi, wi in zip(xs[1:], ws[1:], strict=True):
-        y = torch.addcmul(y, xi.unsqueeze(1), wi)
+def _sum_of_products(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``sum_j a[j] * b[j]`` (broadcast), one fused multiply-add per term: in place into one tensor,
+    unless autograd records (a double backward), which needs each term's own."""
+    y = a[0] * b[0]
+    recorded = torch.is_grad_enabled()
+    for aj, bj in zip(a[1:], b[1:], strict=True):
+        y = torch.addcmul(y, aj, bj) if recorded else y.addcmul_(aj, bj)
     return y
+
+
+class _MixChannels(torch.autograd.Function):
+    """``mix_channels`` with its two gradients written as the same kind of vectorised multiply-adds (the
+    cost of one forward each) instead of autograd's per-channel products and sums over whole tensors.
+    Gradients follow torch's convention for complex tensors (``g * conj(d y / d input)``); the backward
+    is itself differentiable."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return _sum_of_products([xi.unsqueeze(1) for xi in x.unbind(1)], w.unbind(0))
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, w = ctx.saved_tensors
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:  # grad_x[:, i] = sum_o g[:, o] conj(w[i, o])
+            w_conj = w.conj().resolve_conj()
+            grad_x = _sum_of_products([go.unsqueeze(1) for go in g.unbind(1)], w_conj.unbind(1))
+        if ctx.needs_input_grad[1]:  # grad_w[i, o] = sum_b conj(x[b, i]) g[b, o]
+            x_conj = x.conj().resolve_conj()
+            grad_w = _sum_of_products(
+                [xb.unsqueeze(1) for xb in x_conj.unbind(0)], [gb.unsqueeze(0) for gb in g.unbind(0)]
+            )
+        return grad_x, grad_w
+
+
+def mix_channels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``einsum("bi...,io...->bo...", x, w)`` over per-mode channel matrices (``x`` ``(b, in, *modes)``,
+    ``w`` ``(in, out, *modes)``): one multiply-add per input channel, vectorised over the modes (several
+    times faster on CPU than einsum's tiny batched gemms), and so are its gradients (``_MixChannels``)."""
+    return _MixChannels.apply(x, w)
 
 
 def _plan_key(layout: Layout) -> str:
