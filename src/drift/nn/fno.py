@@ -267,7 +267,8 @@ class FNO(nn.Module):
 
         Outside autograd the activations between Li et al.'s blocks (linear skip, no channel MLP, no norm)
         live in two resident buffers used in turn, so a forward allocates no block-sized tensor but its
-        output: on the CPU a fresh one costs its page faults on every call (glibc maps it afresh)."""
+        output: on the CPU a fresh one costs its page faults on every call (glibc maps it afresh). A
+        recorded forward (training) releases them, so they never add to a training step's memory."""
         if self.positional_embedding == "grid":
             x = grid_embedding(x, layout)
         buffers = self._activation_buffers(x)
@@ -286,6 +287,8 @@ class FNO(nn.Module):
         plain = plain and all(isinstance(skip, PointwiseLinear) for skip in self.pointwise)
         recorded = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         if not plain or recorded or torch.is_autocast_enabled(x.device.type):
+            if recorded:
+                self._activations.clear()
             return None
         width, dtype = self.pointwise[0].weight.shape[0], self.lift.weight.dtype
         shape = (x.shape[0], width, *x.shape[2:])
