@@ -7,6 +7,10 @@ keeps until the backward pass. ``chunked_pointwise`` runs ``f`` on a chunk of po
 output, keeps only its input for the backward pass, and there recomputes each chunk's intermediates
 (activation checkpointing, a chunk at a time) to accumulate the parameters' gradients and write the
 input's gradient into one preallocated tensor.
+
+An FNO block's tail ``act(y + W x + b)`` runs the same way: without autograd it overwrites the spectral
+output ``y`` in place (``accumulate_in_place``); recorded, it is one autograd node
+(``pointwise_activation``) whose forward and backward each make one full-size tensor.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.nn import functional as F
 
 from drift.nn.pointwise import activate
 
@@ -107,3 +114,103 @@ def accumulate_in_place(
         if non_linearity is not None:
             part.copy_(activate(non_linearity, part))
     return y
+
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _is_exact_gelu(non_linearity: Activation | None) -> bool:
+    return non_linearity is F.gelu or (isinstance(non_linearity, nn.GELU) and non_linearity.approximate == "none")
+
+
+class _PointwiseActivation(torch.autograd.Function):
+    """``out = act(z)``, ``z = y + W x + b``, on flat ``(b, c, n)`` blocks, a chunk of ``step`` points at a
+    time. ``z`` overwrites ``y`` (which its caller hands over) and is saved with ``x``; the backward pass
+    writes ``g * act'(z)``, the gradient of ``y``, over ``z``, so it runs once. Without ``act``, ``out``
+    is ``z`` and ``y`` is left alone."""
+
+    @staticmethod
+    def forward(ctx, act: Activation | None, step: int, x: torch.Tensor, y: torch.Tensor, weight, bias):
+        out = torch.empty_like(y)
+        w = weight.expand(x.shape[0], -1, -1)
+        for s in range(0, y.shape[2], step):
+            target = out[..., s : s + step]
+            z = target if act is None else y[..., s : s + step]
+            torch.baddbmm(y[..., s : s + step], w, x[..., s : s + step], out=z)
+            if bias is not None:
+                z.add_(bias[None, :, None])
+            if _is_exact_gelu(act):
+                torch.ops.aten.gelu.out(z, approximate="none", out=target)
+            elif act is not None:
+                target.copy_(act(z))
+        ctx.act, ctx.step = act, step
+        ctx.save_for_backward(x, weight, None if act is None else y)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        try:
+            x, weight, z = ctx.saved_tensors
+        except RuntimeError as error:  # freed, or z overwritten (a version mismatch) by the first backward
+            raise RuntimeError(
+                "pointwise_activation: a second backward pass through the FNO block's pointwise + activation "
+                "node (retain_graph): the first overwrote its saved pre-activation with its gradient"
+            ) from error
+        act, step = ctx.act, ctx.step
+        need_x, need_y, need_w, need_b = ctx.needs_input_grad[2:]
+        grad_x = torch.empty_like(x) if need_x else None
+        grad_wb = x.new_zeros(x.shape[0], weight.shape[0], weight.shape[1]) if need_w else None
+        grad_b = x.new_zeros(weight.shape[0]) if need_b else None
+        w_t = weight.mT.expand(x.shape[0], -1, -1)
+        for s in range(0, x.shape[2], step):
+            g = grad[..., s : s + step]
+            if act is not None:
+                # g * act'(z) over z: the gradient of y, and of z for W, b and x.
+                z_part = z[..., s : s + step]
+                if _is_exact_gelu(act):
+                    torch.ops.aten.gelu_backward.grad_input(g, z_part, approximate="none", grad_input=z_part)
+                else:
+                    with torch.enable_grad():
+                        leaf = z_part.detach().requires_grad_(True)
+                        (found,) = torch.autograd.grad(act(leaf), leaf, g)
+                    z_part.copy_(found)
+                g = z_part
+            if grad_x is not None:
+                torch.bmm(w_t, g, out=grad_x[..., s : s + step])
+            if grad_wb is not None:
+                grad_wb.baddbmm_(g, x[..., s : s + step].mT)
+            if grad_b is not None:
+                grad_b += g.sum((0, 2))
+        grad_y = (grad if act is None else z) if need_y else None
+        grad_w = None if grad_wb is None else grad_wb.sum(0)
+        return None, None, grad_x, grad_y, grad_w, grad_b
+
+
+def pointwise_activation(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    non_linearity: Activation | None,
+    chunk_bytes: int | None = None,
+) -> torch.Tensor:
+    """``non_linearity(y + W x + b)`` (no activation for None) for real ``x`` ``(b, in, *spatial)``, ``y``
+    ``(b, out, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, recorded by autograd as one node
+    that runs forward and backward a chunk of points at a time (``CHUNK_BYTES`` of them per chunk) and
+    allocates one full-size tensor each way: the output, and ``x``'s gradient.
+
+    ``y`` must be referenced by nothing else (a fresh spectral output): with an activation it is
+    overwritten by ``z = y + W x + b``, which the node saves with ``x``, and its backward writes
+    ``g * act'(z)`` over ``z``, so it runs once: a second backward (retain_graph) raises, unless
+    ``torch.autograd.graph.saved_tensors_hooks`` hand it copies of the saved tensors. ``act'`` is
+    closed-form for exact GeLU (``F.gelu``, ``nn.GELU()``); any other callable is differentiated by
+    autograd a chunk at a time in the backward pass, recomputing ``act`` on that chunk (the general path,
+    not an approximation). Pass ``W`` and ``b`` through ``Replicated.replicated`` first to have their
+    gradients summed over the mesh."""
+    flat_x = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    flat_y = y.reshape(y.shape[0], y.shape[1], flat_x.shape[2])
+    per_point = 2 * y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size()  # x, y, out; backward g, z, x, grad x
+    step = _points_per_chunk(y.device, per_point, chunk_bytes)
+    out = _PointwiseActivation.apply(non_linearity, step, flat_x, flat_y, weight, bias)
+    return out.view(y.shape)

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
-from drift.nn.chunked import accumulate_in_place, chunked_pointwise
+from drift.nn.chunked import accumulate_in_place, chunked_pointwise, pointwise_activation
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
 from drift.nn.norm import NORMS, GlobalNorm
 from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
@@ -43,15 +43,21 @@ def fno_block(
     non_linearity: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
 ) -> torch.Tensor:
     """One FNO block on this rank's block ``x``, ``non_linearity(K x + W x)`` (none when ``activation``
-    is False). The spectral output is a fresh tensor, so the pointwise gemm accumulates into it; without
-    autograd, and activation, a chunk of points at a time (``accumulate_in_place``)."""
+    is False). The spectral output is a fresh tensor, so the pointwise gemm accumulates into it a chunk
+    of points at a time, with the activation: in place without autograd (``accumulate_in_place``), as
+    one autograd node for real data (``pointwise_activation``); complex data and autocast take
+    ``pointwise``'s whole-tensor path."""
     y = spectral.forward_local(x, layout)
+    act = non_linearity if activation else None
     with phase("pointwise+gelu"):
         recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or pointwise.weight.requires_grad)
-        if recorded or torch.is_autocast_enabled(x.device.type):
+        if torch.is_autocast_enabled(x.device.type) or (recorded and y.is_complex()):
             y = pointwise(x, add=y)
             return activate(non_linearity, y) if activation else y
-        return accumulate_in_place(pointwise.weight, pointwise.bias, x, y, non_linearity if activation else None)
+        if recorded:
+            bias = None if pointwise.bias is None else pointwise.replicated(pointwise.bias)
+            return pointwise_activation(pointwise.replicated(pointwise.weight), bias, x, y, act)
+        return accumulate_in_place(pointwise.weight, pointwise.bias, x, y, act)
 
 
 def _channels(option: str, ratio: float, width: int, allow_zero: bool) -> int:
