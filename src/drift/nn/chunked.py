@@ -123,20 +123,27 @@ def _is_exact_gelu(non_linearity: Activation | None) -> bool:
     return non_linearity is F.gelu or (isinstance(non_linearity, nn.GELU) and non_linearity.approximate == "none")
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``(b, c, *spatial)`` as ``(b, c, points)``."""
+    return t.reshape(t.shape[0], t.shape[1], -1)
+
+
 class _PointwiseActivation(torch.autograd.Function):
-    """``out = act(z)``, ``z = y + W x + b``, on flat ``(b, c, n)`` blocks, a chunk of ``step`` points at a
+    """``out = act(z)``, ``z = y + W x + b``, on ``(b, c, *spatial)`` blocks, a chunk of ``step`` points at a
     time. ``z`` overwrites ``y`` (which its caller hands over) and is saved with ``x``; the backward pass
     writes ``g * act'(z)``, the gradient of ``y``, over ``z``, so it runs once. Without ``act``, ``out``
-    is ``z`` and ``y`` is left alone."""
+    is ``z`` and ``y`` is left alone. Tensors enter and leave whole, not as views: the gradient of ``x``
+    is then a plain tensor, into which autograd adds the spectral path's gradient in place."""
 
     @staticmethod
     def forward(ctx, act: Activation | None, step: int, x: torch.Tensor, y: torch.Tensor, weight, bias):
         out = torch.empty_like(y)
+        flat_x, flat_y, flat_out = _flat(x), _flat(y), _flat(out)
         w = weight.expand(x.shape[0], -1, -1)
-        for s in range(0, y.shape[2], step):
-            target = out[..., s : s + step]
-            z = target if act is None else y[..., s : s + step]
-            torch.baddbmm(y[..., s : s + step], w, x[..., s : s + step], out=z)
+        for s in range(0, flat_y.shape[2], step):
+            target = flat_out[..., s : s + step]
+            z = target if act is None else flat_y[..., s : s + step]
+            torch.baddbmm(flat_y[..., s : s + step], w, flat_x[..., s : s + step], out=z)
             if bias is not None:
                 z.add_(bias[None, :, None])
             if _is_exact_gelu(act):
@@ -162,12 +169,15 @@ class _PointwiseActivation(torch.autograd.Function):
         grad_x = torch.empty_like(x) if need_x else None
         grad_wb = x.new_zeros(x.shape[0], weight.shape[0], weight.shape[1]) if need_w else None
         grad_b = x.new_zeros(weight.shape[0]) if need_b else None
+        flat_x, flat_grad = _flat(x), _flat(grad)
+        flat_z = None if z is None else _flat(z)
+        flat_grad_x = None if grad_x is None else _flat(grad_x)
         w_t = weight.mT.expand(x.shape[0], -1, -1)
-        for s in range(0, x.shape[2], step):
-            g = grad[..., s : s + step]
+        for s in range(0, flat_x.shape[2], step):
+            g = flat_grad[..., s : s + step]
             if act is not None:
                 # g * act'(z) over z: the gradient of y, and of z for W, b and x.
-                z_part = z[..., s : s + step]
+                z_part = flat_z[..., s : s + step]
                 if _is_exact_gelu(act):
                     torch.ops.aten.gelu_backward.grad_input(g, z_part, approximate="none", grad_input=z_part)
                 else:
@@ -177,9 +187,9 @@ class _PointwiseActivation(torch.autograd.Function):
                     z_part.copy_(found)
                 g = z_part
             if grad_x is not None:
-                torch.bmm(w_t, g, out=grad_x[..., s : s + step])
+                torch.bmm(w_t, g, out=flat_grad_x[..., s : s + step])
             if grad_wb is not None:
-                grad_wb.baddbmm_(g, x[..., s : s + step].mT)
+                grad_wb.baddbmm_(g, flat_x[..., s : s + step].mT)
             if grad_b is not None:
                 grad_b += g.sum((0, 2))
         grad_y = (grad if act is None else z) if need_y else None
@@ -208,9 +218,7 @@ def pointwise_activation(
     autograd a chunk at a time in the backward pass, recomputing ``act`` on that chunk (the general path,
     not an approximation). Pass ``W`` and ``b`` through ``Replicated.replicated`` first to have their
     gradients summed over the mesh."""
-    flat_x = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
-    flat_y = y.reshape(y.shape[0], y.shape[1], flat_x.shape[2])
+    x, y = x.contiguous(), y.contiguous()
     per_point = 2 * y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size()  # x, y, out; backward g, z, x, grad x
     step = _points_per_chunk(y.device, per_point, chunk_bytes)
-    out = _PointwiseActivation.apply(non_linearity, step, flat_x, flat_y, weight, bias)
-    return out.view(y.shape)
+    return _PointwiseActivation.apply(non_linearity, step, x, y, weight, bias)
