@@ -1,5 +1,6 @@
 """A recorded FNO block's own autograd nodes against autograd on the un-fused expressions: the tail
-``act(y + W x + b)`` (``pointwise_activation``, in chunks) and the spectral multiply (``mix_channels``)."""
+``act(y + W x + b)`` (``pointwise_activation``, in chunks), the spectral multiply (``mix_channels``), and
+the projection's two layers (``chunked_mlp``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch.nn import functional as F
 
 import drift
 from drift.nn import FNO
-from drift.nn.chunked import pointwise_activation
+from drift.nn.chunked import chunked_mlp, pointwise_activation
 from drift.nn.spectral import mix_channels
 
 ACTIVATIONS = {
@@ -136,3 +137,25 @@ def test_mix_channels_gradients_equal_einsum(dtype, batch):
     if dtype == torch.float64:
         small = [t.detach()[:2, :2, :2, :2].clone().requires_grad_(True) for t in (x, w)]
         assert torch.autograd.gradgradcheck(mix_channels, small)
+
+
+@pytest.mark.parametrize("act", [F.gelu, torch.tanh], ids=["gelu", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("points", [None, 7], ids=["one-chunk", "7-point-chunks"])
+def test_chunked_mlp_equals_autograd(act, dtype, points):
+    """The projection's two layers: value and every gradient, batch 2, 30 points (ragged chunks of 7)."""
+    x = random_tensor((2, 4, 6, 5), dtype, 1).requires_grad_(True)
+    params = [
+        random_tensor(shape, dtype, 2 + i).requires_grad_(True) for i, shape in enumerate([(9, 4), (9,), (3, 9), (3,)])
+    ]
+    per_point = 3 * 2 * 9 * dtype.itemsize  # chunked_mlp's bytes per point
+    out = chunked_mlp(x, *params, act, chunk_bytes=points and per_point * points)
+    grad = random_tensor(out.shape, dtype, 6)
+    out.backward(grad)
+    refs = _leaves(x, *params)
+    hidden = _unfused(refs[0], 0, refs[1], refs[2], act)
+    want = _unfused(hidden, 0, refs[3], refs[4], None)
+    want.backward(grad.double())
+    assert out.dtype == dtype and rel_err(out, want) <= TOL[dtype]
+    for name, got, ref in zip(("x", "w1", "b1", "w2", "b2"), (x, *params), refs, strict=True):
+        assert rel_err(got.grad, ref.grad) <= TOL[dtype], name

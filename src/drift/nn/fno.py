@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
-from drift.nn.chunked import accumulate_in_place, chunked_pointwise, pointwise_activation
+from drift.nn.chunked import accumulate_in_place, chunked_mlp, chunked_pointwise, pointwise_activation
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
 from drift.nn.norm import NORMS, GlobalNorm
 from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
@@ -297,17 +297,20 @@ class FNO(nn.Module):
         return activate(self.non_linearity, y) if activation else y
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
-        """The projection ``out(act(hidden(x)))`` a chunk of points at a time (``chunked_pointwise``): its
-        hidden layer, the largest tensor of an FNO, never exists for the whole block, in the forward pass
-        or for the backward one (which recomputes it per chunk). Under autocast, in one piece."""
+        """The projection ``out(act(hidden(x)))`` a chunk of points at a time (``chunked_mlp``; complex
+        data ``chunked_pointwise``): its hidden layer, the largest tensor of an FNO, never exists for the
+        whole block, in the forward pass or for the backward one (which recomputes it per chunk). Under
+        autocast, in one piece."""
         hidden, out, act = self.project_hidden, self.project_out, self.non_linearity
         if torch.is_autocast_enabled(x.device.type):
             return out(activate(act, hidden(x)))
+        params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]
+        if not x.is_complex():
+            return chunked_mlp(x, *params, act)
 
         def mlp(part, w1, b1, w2, b2):
             h = torch.baddbmm(b1[None, :, None], w1.expand(part.shape[0], -1, -1), part)
             return torch.baddbmm(b2[None, :, None], w2.expand(part.shape[0], -1, -1), activate(act, h))
 
-        params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]
         per_point = 2 * x.shape[0] * hidden.weight.shape[0] * hidden.weight.element_size()  # h and act(h)
         return chunked_pointwise(mlp, x, params, out.weight.shape[0], per_point)
