@@ -159,3 +159,15 @@ def test_chunked_mlp_equals_autograd(act, dtype, points):
     assert out.dtype == dtype and rel_err(out, want) <= TOL[dtype]
     for name, got, ref in zip(("x", "w1", "b1", "w2", "b2"), (x, *params), refs, strict=True):
         assert rel_err(got.grad, ref.grad) <= TOL[dtype], name
+
+
+def test_an_empty_block_gives_zero_parameter_gradients():
+    """A rank holding no points of an uneven split: empty outputs, zero gradients, no error."""
+    x, y, w, b = _inputs(torch.float64, spatial=(0, 5))
+    out = pointwise_activation(w, b, x, y.clone(), F.gelu)
+    params = [random_tensor(shape, torch.float64, 9).requires_grad_(True) for shape in [(6, 4), (6,), (3, 6), (3,)]]
+    projected = chunked_mlp(x, *params, F.gelu)
+    (out.sum() + projected.sum()).backward()
+    assert out.shape == y.shape and projected.shape == (3, 3, 0, 5)
+    for t in (x, y, w, b, *params):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
