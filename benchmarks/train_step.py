@@ -5,7 +5,8 @@ Each measurement is a fresh process (so that its peak resident memory is the ste
 the two source trees (``--before`` extracted with ``git archive``); it reports the fastest of two steps,
 the peak RSS and the loss (which must agree), and the ratios after / before. ``--what block``: one FNO
 block (``fno_block``, width 20), the fastest of three forwards and backwards, on one process or
-(``--ranks P``) on a slab over P Gloo ranks started by torchrun, each with ``--threads`` threads.
+(``--ranks P``) on a slab over P Gloo ranks started by torchrun, each with ``--threads`` threads; wall
+seconds (between barriers) and rank 0's CPU seconds, the steadier figure on a loaded machine.
 
     python benchmarks/train_step.py --before e7b7ebe --shape 64x64x32x30 --rounds 2 --json results/train_step.json
     python benchmarks/train_step.py --before e7b7ebe --what block --rounds 2
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_KEYS = ("step_s", "forward_s", "peak_gb", "base_gb", "loss")
+BLOCK_KEYS = ("forward_s", "backward_s", "forward_cpu_s", "backward_cpu_s")
 
 
 def _block_worker(shape: tuple[int, ...], threads: int) -> None:
@@ -53,23 +55,30 @@ def _block_worker(shape: tuple[int, ...], threads: int) -> None:
     x = layout.scatter(torch.randn(1, 20, *shape)).requires_grad_(True)
     grad = layout.scatter(torch.randn(1, 20, *shape))
 
-    def timed(fn):
+    def timed(fn, into: list):
+        """Wall and CPU seconds (this process, all its threads) of ``fn()``, appended to ``into``."""
         if size > 1:
             dist.barrier()
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         result = fn()
         if size > 1:
             dist.barrier()
-        return time.perf_counter() - began, result
+        into.append((time.perf_counter() - began, time.process_time() - cpu))
+        return result
 
     forward, backward = [], []
     for _ in range(3):
-        seconds, y = timed(lambda: fno_block(spectral, pointwise, x, layout))
-        forward.append(seconds)
-        backward.append(timed(lambda out=y: out.backward(grad))[0])
-        x.grad = None
+        y = timed(lambda: fno_block(spectral, pointwise, x, layout), forward)
+        timed(lambda out=y: out.backward(grad), backward)
+        for leaf in (x, *spectral.parameters(), *pointwise.parameters()):
+            leaf.grad = None  # as zero_grad does: each backward makes its gradients afresh
     if int(os.environ.get("RANK", 0)) == 0:
-        print("RESULT", json.dumps(dict(forward_s=min(forward), backward_s=min(backward), sum=float(y.sum()))))
+        fastest = {
+            f"{name}_{kind}": min(t[i] for t in times)
+            for name, times in (("forward", forward), ("backward", backward))
+            for i, kind in enumerate(("s", "cpu_s"))
+        }
+        print("RESULT", json.dumps(dict(fastest, sum=float(y.sum()))))
 
 
 def _worker(shape: tuple[int, ...], threads: int) -> None:
@@ -160,16 +169,16 @@ def main() -> None:
 
 def _block_summary(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
     summary = {
-        name: {key: statistics.median(r[key] for r in rows) for key in ("forward_s", "backward_s")}
-        for name, rows in runs.items()
+        name: {key: statistics.median(r[key] for r in rows) for key in BLOCK_KEYS} for name, rows in runs.items()
     }
     where = f"{args.ranks} Gloo ranks of {args.threads} thread(s)" if args.ranks > 1 else f"{args.threads} threads"
     print(f"FNO block, width 20, modes (8, 8, 8, 16), {args.shape}, {where}")
     for name, s in summary.items():
-        ratio = s["backward_s"] / s["forward_s"]
+        ratio, cpu_ratio = s["backward_s"] / s["forward_s"], s["backward_cpu_s"] / s["forward_cpu_s"]
         print(
             f"{name:6s} forward {s['forward_s']:6.3f} s  backward {s['backward_s']:6.3f} s  "
-            f"backward/forward {ratio:.2f}"
+            f"backward/forward {ratio:.2f}  CPU s: forward {s['forward_cpu_s']:.3f} "
+            f"backward {s['backward_cpu_s']:.3f} ratio {cpu_ratio:.2f}"
         )
     b, a = summary["before"], summary["after"]
     print(
