@@ -6,7 +6,9 @@ block's size: hundreds of MB that glibc maps afresh (and page-faults) on every c
 keeps until the backward pass. ``chunked_pointwise`` runs ``f`` on a chunk of points at a time into one
 output, keeps only its input for the backward pass, and there recomputes each chunk's intermediates
 (activation checkpointing, a chunk at a time) to accumulate the parameters' gradients and write the
-input's gradient into one preallocated tensor.
+input's gradient into one preallocated tensor. ``chunked_mlp`` does so for the real two-layer MLP with
+its own backward (GeLU's closed-form derivative, chunk buffers made once per call) instead of autograd
+on each chunk.
 
 An FNO block's tail ``act(y + W x + b)`` runs the same way: without autograd it overwrites the spectral
 output ``y`` in place (``accumulate_in_place``); recorded, it is one autograd node
