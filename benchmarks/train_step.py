@@ -4,10 +4,13 @@ process: time and peak memory, this tree against ``--before``, side by side.
 Each measurement is a fresh process (so that its peak resident memory is the step's), rounds alternating
 the two source trees (``--before`` extracted with ``git archive``); it reports the fastest of two steps,
 the peak RSS and the loss (which must agree), and the ratios after / before. ``--what block``: one FNO
-block (``fno_block``, width 20), the fastest of three forwards and backwards.
+block (``fno_block``, width 20), the fastest of three forwards and backwards, on one process or
+(``--ranks P``) on a slab over P Gloo ranks started by torchrun, each with ``--threads`` threads; wall
+seconds (between barriers) and rank 0's CPU seconds, the steadier figure on a loaded machine.
 
     python benchmarks/train_step.py --before e7b7ebe --shape 64x64x32x30 --rounds 2 --json results/train_step.json
     python benchmarks/train_step.py --before e7b7ebe --what block --rounds 2
+    python benchmarks/train_step.py --before f6253e6 --what block --ranks 4 --threads 1
 """
 
 from __future__ import annotations
@@ -25,29 +28,57 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_KEYS = ("step_s", "forward_s", "peak_gb", "base_gb", "loss")
+BLOCK_KEYS = ("forward_s", "backward_s", "forward_cpu_s", "backward_cpu_s")
 
 
 def _block_worker(shape: tuple[int, ...], threads: int) -> None:
+    """One FNO block's forward and backward on this rank's slab (P ranks when torchrun started this);
+    each time is the slowest rank's, between barriers."""
     import torch
+    import torch.distributed as dist
 
     import drift
-    from drift.nn import PointwiseLinear, SpectralConv, fno_block
+    from drift.nn import PointwiseLinear, SpectralConv, fno_block, parallelize
 
     torch.set_num_threads(threads)
+    size = int(os.environ.get("WORLD_SIZE", 1))
+    if size > 1:
+        dist.init_process_group("gloo")
+    mesh, placements = drift.grid_mesh((size, 1, 1, 1))
+    layout = drift.Layout(shape, mesh, placements)
     torch.manual_seed(0)
     spectral, pointwise = SpectralConv(20, 20, (8, 8, 8, 16)), PointwiseLinear(20, 20)
-    x = torch.randn(1, 20, *shape, requires_grad=True)
-    grad = torch.randn(1, 20, *shape)
+    if mesh is not None:
+        from torch.distributed.tensor import Shard
+
+        parallelize(torch.nn.Sequential(spectral, pointwise), mesh, (Shard(2),))
+    x = layout.scatter(torch.randn(1, 20, *shape)).requires_grad_(True)
+    grad = layout.scatter(torch.randn(1, 20, *shape))
+
+    def timed(fn, into: list):
+        """Wall and CPU seconds (this process, all its threads) of ``fn()``, appended to ``into``."""
+        if size > 1:
+            dist.barrier()
+        began, cpu = time.perf_counter(), time.process_time()
+        result = fn()
+        if size > 1:
+            dist.barrier()
+        into.append((time.perf_counter() - began, time.process_time() - cpu))
+        return result
+
     forward, backward = [], []
     for _ in range(3):
-        began = time.perf_counter()
-        y = fno_block(spectral, pointwise, x, drift.Layout(shape))
-        forward.append(time.perf_counter() - began)
-        began = time.perf_counter()
-        y.backward(grad)
-        backward.append(time.perf_counter() - began)
-        x.grad = None
-    print("RESULT", json.dumps(dict(forward_s=min(forward), backward_s=min(backward), sum=float(y.sum()))))
+        y = timed(lambda: fno_block(spectral, pointwise, x, layout), forward)
+        timed(lambda out=y: out.backward(grad), backward)
+        for leaf in (x, *spectral.parameters(), *pointwise.parameters()):
+            leaf.grad = None  # as zero_grad does: each backward makes its gradients afresh
+    if int(os.environ.get("RANK", 0)) == 0:
+        fastest = {
+            f"{name}_{kind}": min(t[i] for t in times)
+            for name, times in (("forward", forward), ("backward", backward))
+            for i, kind in enumerate(("s", "cpu_s"))
+        }
+        print("RESULT", json.dumps(dict(fastest, sum=float(y.sum()))))
 
 
 def _worker(shape: tuple[int, ...], threads: int) -> None:
@@ -80,9 +111,10 @@ def _worker(shape: tuple[int, ...], threads: int) -> None:
     print("RESULT", json.dumps(dict(result, loss=loss.item())))
 
 
-def _measure(tree: Path, what: str, shape: str, threads: int) -> dict:
+def _measure(tree: Path, what: str, shape: str, threads: int, ranks: int = 1) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS=str(threads))
-    command = [sys.executable, __file__, "--worker", what, shape, str(threads)]
+    launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks)] if ranks > 1 else []
+    command = [sys.executable, *launcher, __file__, "--worker", what, shape, str(threads)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -95,11 +127,14 @@ def main() -> None:
     parser.add_argument("--before", default="e7b7ebe", help="the commit to compare against")
     parser.add_argument("--what", choices=("step", "block"), default="step")
     parser.add_argument("--shape", default="64x64x32x30")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="threads per process")
+    parser.add_argument("--ranks", type=int, default=1, help="--what block: Gloo ranks (torchrun), a slab over x")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ranks > 1 and args.what != "block":
+        parser.error(f"--ranks {args.ranks} is for --what block only")
     if args.worker:
         worker = _worker if args.worker[0] == "step" else _block_worker
         worker(tuple(int(v) for v in args.worker[1].split("x")), int(args.worker[2]))
@@ -111,7 +146,7 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                runs[name].append(_measure(tree, args.what, args.shape, args.threads))
+                runs[name].append(_measure(tree, args.what, args.shape, args.threads, args.ranks))
     if args.what == "block":
         _block_summary(args, runs)
         return
@@ -134,15 +169,16 @@ def main() -> None:
 
 def _block_summary(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
     summary = {
-        name: {key: statistics.median(r[key] for r in rows) for key in ("forward_s", "backward_s")}
-        for name, rows in runs.items()
+        name: {key: statistics.median(r[key] for r in rows) for key in BLOCK_KEYS} for name, rows in runs.items()
     }
-    print(f"FNO block, width 20, modes (8, 8, 8, 16), {args.shape}, {args.threads} threads")
+    where = f"{args.ranks} Gloo ranks of {args.threads} thread(s)" if args.ranks > 1 else f"{args.threads} threads"
+    print(f"FNO block, width 20, modes (8, 8, 8, 16), {args.shape}, {where}")
     for name, s in summary.items():
-        ratio = s["backward_s"] / s["forward_s"]
+        ratio, cpu_ratio = s["backward_s"] / s["forward_s"], s["backward_cpu_s"] / s["forward_cpu_s"]
         print(
             f"{name:6s} forward {s['forward_s']:6.3f} s  backward {s['backward_s']:6.3f} s  "
-            f"backward/forward {ratio:.2f}"
+            f"backward/forward {ratio:.2f}  CPU s: forward {s['forward_cpu_s']:.3f} "
+            f"backward {s['backward_cpu_s']:.3f} ratio {cpu_ratio:.2f}"
         )
     b, a = summary["before"], summary["after"]
     print(

@@ -484,9 +484,9 @@ class TruncatedFFT(ComplexModule):
         result = t.new_empty((rows, *sizes), dtype=result_dtype) if out is None else out.view(rows, *sizes)
         for start in range(0, rows, chunk):
             piece = t[start : start + chunk]
-            for i, stage in enumerate(stages[:-1]):
-                piece = _apply(piece, stage, matrices[i], self._workspace, (name, i))
-            _apply(piece, stages[-1], matrices[-1], None, (), out=result[start : start + chunk])
+            for i, stage in enumerate(stages):
+                out = result[start : start + chunk] if i == len(stages) - 1 else None
+                piece = _apply(piece, stage, matrices[i], self._workspace, (name, i), out=out)
         return result
 
     def partial_spectrum(self, x_local: torch.Tensor) -> torch.Tensor:

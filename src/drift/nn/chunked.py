@@ -6,7 +6,13 @@ block's size: hundreds of MB that glibc maps afresh (and page-faults) on every c
 keeps until the backward pass. ``chunked_pointwise`` runs ``f`` on a chunk of points at a time into one
 output, keeps only its input for the backward pass, and there recomputes each chunk's intermediates
 (activation checkpointing, a chunk at a time) to accumulate the parameters' gradients and write the
-input's gradient into one preallocated tensor.
+input's gradient into one preallocated tensor. ``chunked_mlp`` does so for the real two-layer MLP with
+its own backward (GeLU's closed-form derivative, chunk buffers made once per call) instead of autograd
+on each chunk.
+
+An FNO block's tail ``act(y + W x + b)`` runs the same way: without autograd it overwrites the spectral
+output ``y`` in place (``accumulate_in_place``); recorded, it is one autograd node
+(``pointwise_activation``) whose forward and backward each make one full-size tensor.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 from drift._plan import Workspace
@@ -160,3 +168,225 @@ def accumulate_in_place(
         if non_linearity is not None:
             activate_(non_linearity, part)
     return y
+
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _is_exact_gelu(non_linearity: Activation | None) -> bool:
+    return non_linearity is F.gelu or (isinstance(non_linearity, nn.GELU) and non_linearity.approximate == "none")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``(b, c, *spatial)`` as ``(b, c, points)``."""
+    return t.reshape(t.shape[0], t.shape[1], -1)
+
+
+class _PointwiseActivation(torch.autograd.Function):
+    """``out = act(z)``, ``z = y + W x + b``, on ``(b, c, *spatial)`` blocks, a chunk of ``step`` points at a
+    time. ``z`` overwrites ``y`` (which its caller hands over) and is saved with ``x``; the backward pass
+    writes ``g * act'(z)``, the gradient of ``y``, over ``z``, so it runs once. Without ``act``, ``out``
+    is ``z`` and ``y`` is left alone. Tensors enter and leave whole, not as views: the gradient of ``x``
+    is then a plain tensor, into which autograd adds the spectral path's gradient in place."""
+
+    @staticmethod
+    def forward(ctx, act: Activation | None, step: int, x: torch.Tensor, y: torch.Tensor, weight, bias):
+        out = torch.empty_like(y)
+        flat_x, flat_y, flat_out = _flat(x), _flat(y), _flat(out)
+        w = weight.expand(x.shape[0], -1, -1)
+        for s in range(0, flat_y.shape[2], step):
+            target = flat_out[..., s : s + step]
+            z = target if act is None else flat_y[..., s : s + step]
+            torch.baddbmm(flat_y[..., s : s + step], w, flat_x[..., s : s + step], out=z)
+            if bias is not None:
+                z.add_(bias[None, :, None])
+            if _is_exact_gelu(act):
+                torch.ops.aten.gelu.out(z, approximate="none", out=target)
+            elif act is not None:
+                target.copy_(act(z))
+        ctx.act, ctx.step = act, step
+        ctx.save_for_backward(x, weight, None if act is None else y)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        try:
+            x, weight, z = ctx.saved_tensors
+        except RuntimeError as error:  # freed, or z overwritten (a version mismatch) by the first backward
+            raise RuntimeError(
+                "pointwise_activation: a second backward pass through the FNO block's pointwise + activation "
+                "node (retain_graph): the first overwrote its saved pre-activation with its gradient"
+            ) from error
+        act, step = ctx.act, ctx.step
+        need_x, need_y, need_w, need_b = ctx.needs_input_grad[2:]
+        grad_x = torch.empty_like(x) if need_x else None
+        grad_wb = x.new_zeros(x.shape[0], weight.shape[0], weight.shape[1]) if need_w else None
+        grad_b = x.new_zeros(weight.shape[0]) if need_b else None
+        flat_x, flat_grad = _flat(x), _flat(grad)
+        flat_z = None if z is None else _flat(z)
+        flat_grad_x = None if grad_x is None else _flat(grad_x)
+        w_t = weight.mT.expand(x.shape[0], -1, -1)
+        for s in range(0, flat_x.shape[2], step):
+            g = flat_grad[..., s : s + step]
+            if act is not None:
+                # g * act'(z) over z: the gradient of y, and of z for W, b and x.
+                z_part = flat_z[..., s : s + step]
+                if _is_exact_gelu(act):
+                    torch.ops.aten.gelu_backward.grad_input(g, z_part, approximate="none", grad_input=z_part)
+                else:
+                    with torch.enable_grad():
+                        leaf = z_part.detach().requires_grad_(True)
+                        (found,) = torch.autograd.grad(act(leaf), leaf, g)
+                    z_part.copy_(found)
+                g = z_part
+            if grad_x is not None:
+                torch.bmm(w_t, g, out=flat_grad_x[..., s : s + step])
+            if grad_wb is not None:
+                grad_wb.baddbmm_(g, flat_x[..., s : s + step].mT)
+            if grad_b is not None:
+                grad_b += g.sum((0, 2))
+        grad_y = (grad if act is None else z) if need_y else None
+        grad_w = None if grad_wb is None else grad_wb.sum(0)
+        return None, None, grad_x, grad_y, grad_w, grad_b
+
+
+def pointwise_activation(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    non_linearity: Activation | None,
+    chunk_bytes: int | None = None,
+) -> torch.Tensor:
+    """``non_linearity(y + W x + b)`` (no activation for None) for real ``x`` ``(b, in, *spatial)``, ``y``
+    ``(b, out, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, recorded by autograd as one node
+    that runs forward and backward a chunk of points at a time (``CHUNK_BYTES`` of them per chunk) and
+    allocates one full-size tensor each way: the output, and ``x``'s gradient.
+
+    ``y`` must be referenced by nothing else (a fresh spectral output): with an activation it is
+    overwritten by ``z = y + W x + b``, which the node saves with ``x``, and its backward writes
+    ``g * act'(z)`` over ``z``, so it runs once: a second backward (retain_graph) raises, unless
+    ``torch.autograd.graph.saved_tensors_hooks`` hand it copies of the saved tensors. ``act'`` is
+    closed-form for exact GeLU (``F.gelu``, ``nn.GELU()``); any other callable is differentiated by
+    autograd a chunk at a time in the backward pass, recomputing ``act`` on that chunk (the general path,
+    not an approximation). Pass ``W`` and ``b`` through ``Replicated.replicated`` first to have their
+    gradients summed over the mesh."""
+    x, y = x.contiguous(), y.contiguous()
+    per_point = 2 * y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size()  # x, y, out; backward g, z, x, grad x
+    step = _points_per_chunk(y.device, per_point, chunk_bytes)
+    return _PointwiseActivation.apply(non_linearity, step, x, y, weight, bias)
+
+
+def _chunk_view(buffer: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A contiguous ``shape`` view of the start of the flat ``buffer``."""
+    return buffer[: math.prod(shape)].view(shape)
+
+
+def _activate_into(act: Activation, h: torch.Tensor, out: torch.Tensor) -> None:
+    if _is_exact_gelu(act):
+        torch.ops.aten.gelu.out(h, approximate="none", out=out)
+    else:
+        out.copy_(act(h))
+
+
+class _ChunkedMLP(torch.autograd.Function):
+    """``W2 act(W1 x + b1) + b2`` on ``(b, c, *spatial)`` blocks, a chunk of ``step`` points at a time
+    through three chunk-sized buffers made once per call. The bias ``b1`` rides in the first gemm as a
+    column of ``W1`` against a row of ones below the chunk of ``x`` (a copy of ``c`` rows, where adding it
+    would touch every hidden row), which also makes ``b1``'s gradient a column of that gemm's. Saves
+    ``x`` alone; the backward pass recomputes each chunk's hidden layer."""
+
+    @staticmethod
+    def forward(ctx, act: Activation, step: int, x: torch.Tensor, w1, b1, w2, b2) -> torch.Tensor:
+        ctx.act, ctx.step = act, step
+        ctx.save_for_backward(x, w1, b1, w2, b2)
+        batch, width, hidden = x.shape[0], w1.shape[1], w1.shape[0]
+        out = x.new_empty(batch, w2.shape[0], *x.shape[2:])
+        flat_x, flat_out = _flat(x), _flat(out)
+        w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(batch, -1, -1)
+        w2 = w2.expand(batch, -1, -1)
+        ones_x, h, a = (x.new_empty(batch * rows * step) for rows in (width + 1, hidden, hidden))
+        for s in range(0, flat_x.shape[2], step):
+            m = min(step, flat_x.shape[2] - s)
+            xs = _ChunkedMLP._with_ones(_chunk_view(ones_x, batch, width + 1, m), flat_x[..., s : s + m])
+            hs, acts = _chunk_view(h, batch, hidden, m), _chunk_view(a, batch, hidden, m)
+            torch.bmm(w1_b1, xs, out=hs)
+            _activate_into(act, hs, acts)
+            torch.bmm(w2, acts, out=flat_out[..., s : s + m]).add_(b2[None, :, None])
+        return out
+
+    @staticmethod
+    def _with_ones(buffer: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+        buffer[:, :-1].copy_(part)
+        buffer[:, -1].fill_(1)
+        return buffer
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, w1, b1, w2, b2 = ctx.saved_tensors
+        act, step = ctx.act, ctx.step
+        need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[2:]
+        batch, width, hidden = x.shape[0], w1.shape[1], w1.shape[0]
+        flat_x, flat_grad = _flat(x), _flat(grad)
+        grad_x = torch.empty_like(x) if need_x else None
+        flat_grad_x = None if grad_x is None else _flat(grad_x)
+        grad_w1_b1 = x.new_zeros(batch, hidden, width + 1) if need_w1 or need_b1 else None
+        grad_w2 = x.new_zeros(batch, *w2.shape) if need_w2 else None
+        grad_b2 = x.new_zeros(w2.shape[0]) if need_b2 else None
+        w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(batch, -1, -1)
+        w1_t, w2_t = w1.mT.expand(batch, -1, -1), w2.mT.expand(batch, -1, -1)
+        ones_x, h, a, ga = (x.new_empty(batch * rows * step) for rows in (width + 1, hidden, hidden, hidden))
+        for s in range(0, flat_x.shape[2], step):
+            m = min(step, flat_x.shape[2] - s)
+            g = flat_grad[..., s : s + m]
+            xs = _ChunkedMLP._with_ones(_chunk_view(ones_x, batch, width + 1, m), flat_x[..., s : s + m])
+            hs, acts, g_h = (_chunk_view(t, batch, hidden, m) for t in (h, a, ga))
+            torch.bmm(w1_b1, xs, out=hs)
+            torch.bmm(w2_t, g, out=g_h)  # the gradient of act(h), then of h in place
+            if _is_exact_gelu(act):
+                torch.ops.aten.gelu.out(hs, approximate="none", out=acts)
+                torch.ops.aten.gelu_backward.grad_input(g_h, hs, approximate="none", grad_input=g_h)
+            else:
+                with torch.enable_grad():
+                    leaf = hs.detach().requires_grad_(True)
+                    activated = act(leaf)
+                    (found,) = torch.autograd.grad(activated, leaf, g_h)
+                acts.copy_(activated.detach())
+                g_h.copy_(found)
+            if grad_w2 is not None:
+                grad_w2.baddbmm_(g, acts.mT)
+            if grad_b2 is not None:
+                grad_b2 += g.sum((0, 2))
+            if grad_w1_b1 is not None:
+                grad_w1_b1.baddbmm_(g_h, xs.mT)
+            if grad_x is not None:
+                torch.bmm(w1_t, g_h, out=flat_grad_x[..., s : s + m])
+        grad_w1 = grad_b1 = None
+        if grad_w1_b1 is not None:
+            total = grad_w1_b1.sum(0)
+            grad_w1, grad_b1 = (total[:, :width] if need_w1 else None), (total[:, width] if need_b1 else None)
+        grad_w2 = None if grad_w2 is None else grad_w2.sum(0)
+        return None, None, grad_x, grad_w1, grad_b1, grad_w2, grad_b2
+
+
+def chunked_mlp(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor,
+    w2: torch.Tensor,
+    b2: torch.Tensor,
+    non_linearity: Activation,
+    chunk_bytes: int | None = None,
+) -> torch.Tensor:
+    """The two-layer pointwise MLP ``W2 non_linearity(W1 x + b1) + b2`` on real ``x`` ``(b, c, *spatial)``
+    (``W1`` ``(hidden, c)``, ``W2`` ``(out, hidden)``), a chunk of points at a time forward and backward
+    (``CHUNK_BYTES`` of hidden-layer buffers per chunk), recorded as one autograd node that saves ``x``
+    and recomputes each chunk's hidden layer in the backward pass: the hidden layer never exists whole.
+    ``act'`` is closed-form for exact GeLU, autograd on the chunk for any other callable (the general
+    path). Returns ``(b, out, *spatial)``."""
+    x = x.contiguous()
+    per_point = 3 * x.shape[0] * w1.shape[0] * x.element_size()  # h, act(h) and their gradient
+    step = _points_per_chunk(x.device, per_point, chunk_bytes)
+    return _ChunkedMLP.apply(non_linearity, step, x, w1, b1, w2, b2)

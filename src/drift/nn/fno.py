@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from drift._plan import Workspace
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
-from drift.nn.chunked import accumulate_in_place, chunked_pointwise, mlp_unrecorded
+from drift.nn.chunked import accumulate_in_place, chunked_mlp, chunked_pointwise, mlp_unrecorded, pointwise_activation
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
 from drift.nn.norm import NORMS, GlobalNorm
 from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
@@ -47,15 +47,21 @@ def fno_block(
 ) -> torch.Tensor:
     """One FNO block on this rank's block ``x``, ``non_linearity(K x + W x)`` (none when ``activation``
     is False). The spectral output is a fresh tensor (or ``out``: a preallocated contiguous tensor of the
-    output's shape, outside autograd), so the pointwise gemm accumulates into it; without autograd, and
-    activation, a chunk of points at a time (``accumulate_in_place``)."""
+    output's shape, outside autograd), so the pointwise gemm accumulates into it a chunk of points at a
+    time, with the activation: in place without autograd (``accumulate_in_place``), as one autograd node
+    for real data (``pointwise_activation``); complex data and autocast take ``pointwise``'s whole-tensor
+    path."""
     y = spectral.forward_local(x, layout, out=out)
+    act = non_linearity if activation else None
     with phase("pointwise+gelu"):
         recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or pointwise.weight.requires_grad)
-        if recorded or torch.is_autocast_enabled(x.device.type):
+        if torch.is_autocast_enabled(x.device.type) or (recorded and y.is_complex()):
             y = pointwise(x, add=y)
             return activate(non_linearity, y) if activation else y
-        return accumulate_in_place(pointwise.weight, pointwise.bias, x, y, non_linearity if activation else None)
+        if recorded:
+            bias = None if pointwise.bias is None else pointwise.replicated(pointwise.bias)
+            return pointwise_activation(pointwise.replicated(pointwise.weight), bias, x, y, act)
+        return accumulate_in_place(pointwise.weight, pointwise.bias, x, y, act)
 
 
 def _channels(option: str, ratio: float, width: int, allow_zero: bool) -> int:
@@ -323,15 +329,18 @@ class FNO(nn.Module):
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         """The projection ``out(act(hidden(x)))`` a chunk of points at a time: its hidden layer, the largest
-        tensor of an FNO, never exists for the whole block, in the forward pass or for the backward one
-        (``chunked_pointwise`` recomputes it per chunk); outside autograd through one resident cache-sized
-        buffer (``mlp_unrecorded``). Under autocast, in one piece."""
+        tensor of an FNO, never exists for the whole block, in the forward pass or for the backward one,
+        which recomputes it per chunk (``chunked_mlp``; complex data ``chunked_pointwise``); outside
+        autograd through one resident cache-sized buffer (``mlp_unrecorded``). Under autocast, in one
+        piece."""
         hidden, out, act = self.project_hidden, self.project_out, self.non_linearity
         if torch.is_autocast_enabled(x.device.type):
             return out(activate(act, hidden(x)))
         params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]
         if not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))):
             return mlp_unrecorded(x, *params, act, self._activations)
+        if not x.is_complex():
+            return chunked_mlp(x, *params, act)
 
         def mlp(part, w1, b1, w2, b2):
             h = torch.baddbmm(b1[None, :, None], w1.expand(part.shape[0], -1, -1), part)
