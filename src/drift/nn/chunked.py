@@ -179,7 +179,7 @@ def _is_exact_gelu(non_linearity: Activation | None) -> bool:
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """``(b, c, *spatial)`` as ``(b, c, points)``."""
-    return t.reshape(t.shape[0], t.shape[1], -1)
+    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:]))
 
 
 class _PointwiseActivation(torch.autograd.Function):
