@@ -477,6 +477,9 @@ def test_channel_mixing_and_its_gradients_match_einsum(dtype):
     for got, want in zip(torch.autograd.grad(y, (x, w), g), torch.autograd.grad(ref, (x, w), g), strict=True):
         assert rel_err(got, want) <= TOL[dtype]
     assert rel_err(y, ref) <= TOL[dtype]
+    empty = x[:0].detach().requires_grad_(True)  # a data-parallel rank without a trajectory of the batch
+    mix_channels(empty, w).sum().abs().backward()
+    assert empty.grad.shape == empty.shape and torch.equal(w.grad, torch.zeros_like(w))
     if dtype == torch.float64:
         small = (x[:2, :2, :2].detach().requires_grad_(True), w[:2, :3, :2].detach().requires_grad_(True))
         assert torch.autograd.gradcheck(mix_channels, small) and torch.autograd.gradgradcheck(mix_channels, small)

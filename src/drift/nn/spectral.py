@@ -108,8 +108,8 @@ class _MixChannels(torch.autograd.Function):
             grad_x = torch.conj_physical(mix_channels(torch.conj_physical(grad), w.transpose(0, 1)))
         if ctx.needs_input_grad[1]:
             x_conj = torch.conj_physical(x)
-            grad_w = x_conj[0].unsqueeze(1) * grad[0]
-            for b in range(1, x.shape[0]):
+            grad_w = torch.zeros_like(w) if x.shape[0] == 0 else x_conj[0].unsqueeze(1) * grad[0]
+            for b in range(1, x.shape[0]):  # a data-parallel rank may hold no trajectory of a batch
                 grad_w.addcmul_(x_conj[b].unsqueeze(1), grad[b])
         return grad_x, grad_w
 
