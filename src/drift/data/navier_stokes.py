@@ -19,8 +19,10 @@ from tqdm import tqdm
 from drift.data.pdebench import write_pdebench3d
 
 GAMMA = 5.0 / 3.0
-# Cells per chunk of trajectories that `generate` advances together: bounds the solver's memory.
-CHUNK_CELLS = 8 * 16**3
+# Cells per chunk of trajectories that `generate` advances together. The solver is bound by its
+# elementwise work, not by Python: on CPU larger chunks fall out of cache and run slower per trajectory,
+# while 4 trajectories at 16^3 still let two threads share each operation (measured: docs/BENCHMARKS.md).
+CHUNK_CELLS = 4 * 16**3
 
 # Every state is ``(..., 5, n, n, n)``: any leading batch dims, then the field, then x, y, z.
 FIELD, SPACE = -4, (-3, -2, -1)
