@@ -8,8 +8,8 @@ import h5py
 import pytest
 import torch
 
-from drift.data import PDEBench3D, generate
-from drift.data.navier_stokes import conserved, primitives, random_initial_state, simulate
+from drift.data import PDEBench3D, generate, navier_stokes
+from drift.data.navier_stokes import conserved, primitives, random_initial_state, simulate, step
 
 
 def _layered(n, rho, vel_x, p=1.0):
@@ -57,6 +57,37 @@ def test_shear_wave_decays_at_the_viscous_rate():
     assert 0.95 < inviscid / amplitude < 1
     expected = math.exp(-eta * (2 * math.pi) ** 2 * t)
     assert abs(viscous / inviscid / expected - 1) < 0.01, (viscous / inviscid, expected)
+
+
+def test_a_batch_of_trajectories_follows_each_ones_own_steps():
+    g = torch.Generator().manual_seed(5)
+    u0 = torch.stack([random_initial_state(8, 1.0, g) for _ in range(3)])
+    batched = simulate(u0, 4, 0.3, eta=1e-3, zeta=2e-3)
+    alone = torch.stack([simulate(u, 4, 0.3, eta=1e-3, zeta=2e-3) for u in u0])
+    assert batched.shape == (3, 4, 5, 8, 8, 8)
+    assert float((batched - alone).abs().max() / alone.abs().max()) < 1e-13
+
+
+def test_a_state_whose_step_is_capped_at_zero_is_unchanged():
+    u = torch.stack([random_initial_state(8, 1.0, torch.Generator().manual_seed(s)) for s in (1, 2)])
+    new, dt = step(u, 1 / 8, 1e-3, 2e-3, dt_max=torch.tensor([0.0, math.inf], dtype=torch.float64))
+    alone, dt_alone = step(u[1], 1 / 8, 1e-3, 2e-3)
+    assert torch.equal(new[0], u[0]) and float(dt[0]) == 0
+    assert float((new[1] - alone).abs().max() / alone.abs().max()) < 1e-14 and float(dt[1]) == float(dt_alone) > 0
+
+
+def test_generated_trajectories_are_those_simulated_one_at_a_time(tmp_path, monkeypatch):
+    """Chunks of 2 trajectories (one chunk boundary among 3): the file holds, for the seed, the states of
+    initial data drawn one trajectory after another, each simulated alone."""
+    monkeypatch.setattr(navier_stokes, "CHUNK_CELLS", 2 * 8**3)
+    path = tmp_path / "cfd.hdf5"
+    generate(path, samples=3, resolution=8, frames=3, t_end=0.2, seed=4, progress=False)
+    g = torch.Generator().manual_seed(4)
+    for b in range(3):
+        rho, vel, p = primitives(simulate(random_initial_state(8, 1.0, g), 3, 0.2, 1e-8, 1e-8))
+        with h5py.File(path) as f:
+            for name, expected in zip(("density", "pressure", "Vx", "Vy", "Vz"), (rho, p, *vel.unbind(1)), strict=True):
+                torch.testing.assert_close(torch.from_numpy(f[name][b]), expected.float(), rtol=2e-7, atol=0)
 
 
 def test_generated_files_read_as_pdebench(tmp_path):

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 # The small data set `drift train` writes when --data is not given.
-DEFAULT_DATA = dict(samples=64, resolution=16, frames=21, seed=0)
+DEFAULT_DATA = dict(samples=256, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
 MODEL_OPTIONS = ("model", "width", "modes", "layers", "seed", "t_in", "t_out", "factorization", "rank")
 # Options of the optimisation a resumed run must share with the checkpoint's.
@@ -115,7 +115,7 @@ class TrainConfig:
     factorization: str | None = None
     rank: float = 1.0
     layers: int = 4
-    epochs: int = 15
+    epochs: int = 4
     lr: float = 3e-3
     weight_decay: float = 1e-4
     schedule: str = "cosine"

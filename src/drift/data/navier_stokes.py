@@ -19,19 +19,28 @@ from tqdm import tqdm
 from drift.data.pdebench import write_pdebench3d
 
 GAMMA = 5.0 / 3.0
+# Cells per chunk of trajectories that `generate` advances together. The solver is bound by its
+# elementwise work, not by Python: on CPU larger chunks fall out of cache and run slower per trajectory,
+# while 4 trajectories at 16^3 still let two threads share each operation (measured: docs/BENCHMARKS.md).
+CHUNK_CELLS = 4 * 16**3
+
+# Every state is ``(..., 5, n, n, n)``: any leading batch dims, then the field, then x, y, z.
+FIELD, SPACE = -4, (-3, -2, -1)
 
 
 def primitives(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Density ``(n, n, n)``, velocity ``(3, n, n, n)`` and pressure from the conserved ``(5, n, n, n)``."""
-    rho = u[0]
-    vel = u[1:4] / rho
-    p = (GAMMA - 1) * (u[4] - 0.5 * rho * (vel * vel).sum(0))
+    """Density ``(..., n, n, n)``, velocity ``(..., 3, n, n, n)`` and pressure from the conserved
+    ``(..., 5, n, n, n)``."""
+    rho = u.select(FIELD, 0)
+    vel = u.narrow(FIELD, 1, 3) / rho.unsqueeze(FIELD)
+    p = (GAMMA - 1) * (u.select(FIELD, 4) - 0.5 * rho * (vel * vel).sum(FIELD))
     return rho, vel, p
 
 
 def conserved(rho: torch.Tensor, vel: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    energy = p / (GAMMA - 1) + 0.5 * rho * (vel * vel).sum(0)
-    return torch.cat([rho[None], rho * vel, energy[None]])
+    """The conserved ``(..., 5, n, n, n)`` from density, velocity ``(..., 3, n, n, n)`` and pressure."""
+    energy = p / (GAMMA - 1) + 0.5 * rho * (vel * vel).sum(FIELD)
+    return torch.cat([rho.unsqueeze(FIELD), rho.unsqueeze(FIELD) * vel, energy.unsqueeze(FIELD)], FIELD)
 
 
 def _minmod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -40,34 +49,33 @@ def _minmod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _euler_flux(w: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Flux along ``axis`` of primitive states ``w = (rho, u, v, w, p)`` and their conserved form."""
-    rho, vel, p = w[0], w[1:4], w[4]
+    rho, vel, p = w.select(FIELD, 0), w.narrow(FIELD, 1, 3), w.select(FIELD, 4)
     u = conserved(rho, vel, p)
-    vn = vel[axis]
-    flux = u * vn
-    flux[1 + axis] = flux[1 + axis] + p
-    flux[4] = flux[4] + p * vn
+    vn = vel.select(FIELD, axis)
+    flux = u * vn.unsqueeze(FIELD)
+    flux.select(FIELD, 1 + axis).add_(p)
+    flux.select(FIELD, 4).add_(p * vn)
     return flux, u
 
 
 def _convective_divergence(u: torch.Tensor, dx: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """-div F of the Euler fluxes, and the largest signal speed (for the time step)."""
+    """-div F of the Euler fluxes, and each state's largest signal speed ``(...)`` (for its time step)."""
     rho, vel, p = primitives(u)
-    w = torch.cat([rho[None], vel, p[None]])
+    w = torch.cat([rho.unsqueeze(FIELD), vel, p.unsqueeze(FIELD)], FIELD)
     total = torch.zeros_like(u)
-    speed = torch.zeros((), dtype=u.dtype, device=u.device)
-    for axis in range(3):
-        dim = axis + 1
+    speed = torch.zeros(u.shape[:FIELD], dtype=u.dtype, device=u.device)
+    for axis, dim in enumerate(SPACE):
         slope = _minmod(w - w.roll(1, dim), w.roll(-1, dim) - w)
         left = w + 0.5 * slope  # state on the low side of face i+1/2
         right = (w - 0.5 * slope).roll(-1, dim)  # state on the high side of face i+1/2
         f_left, u_left = _euler_flux(left, axis)
         f_right, u_right = _euler_flux(right, axis)
-        c_left = torch.sqrt(GAMMA * left[4] / left[0])
-        c_right = torch.sqrt(GAMMA * right[4] / right[0])
-        a = torch.maximum(left[1 + axis].abs() + c_left, right[1 + axis].abs() + c_right)
-        face = 0.5 * (f_left + f_right) - 0.5 * a * (u_right - u_left)
+        c_left = torch.sqrt(GAMMA * left.select(FIELD, 4) / left.select(FIELD, 0))
+        c_right = torch.sqrt(GAMMA * right.select(FIELD, 4) / right.select(FIELD, 0))
+        a = torch.maximum(left.select(FIELD, 1 + axis).abs() + c_left, right.select(FIELD, 1 + axis).abs() + c_right)
+        face = 0.5 * (f_left + f_right) - 0.5 * a.unsqueeze(FIELD) * (u_right - u_left)
         total -= (face - face.roll(1, dim)) / dx
-        speed = torch.maximum(speed, a.max())
+        speed = torch.maximum(speed, a.amax(SPACE))
     return total, speed
 
 
@@ -77,38 +85,48 @@ def _viscous_divergence(u: torch.Tensor, dx: float, eta: float, zeta: float) -> 
         return torch.zeros_like(u)
     _, vel, _ = primitives(u)
     total = torch.zeros_like(u)
-    for axis in range(3):
-        dim = axis + 1
+    for axis, dim in enumerate(SPACE):
         # Velocity gradient at faces i+1/2 along axis: the normal derivative directly, the others averaged.
-        grad = torch.empty((3, 3, *vel.shape[1:]), dtype=u.dtype, device=u.device)  # grad[j, k] = d v_k / d x_j
-        for j in range(3):
+        grad = []  # grad[j]: d v / d x_j, (..., 3, n, n, n)
+        for j, dj in enumerate(SPACE):
             if j == axis:
-                grad[j] = (vel.roll(-1, dim) - vel) / dx
+                grad.append((vel.roll(-1, dim) - vel) / dx)
             else:
-                dj = j + 1
                 central = (vel.roll(-1, dj) - vel.roll(1, dj)) / (2 * dx)
-                grad[j] = 0.5 * (central + central.roll(-1, dim))
-        div = grad[0, 0] + grad[1, 1] + grad[2, 2]
-        stress = eta * (grad[axis] + grad[:, axis])
-        stress[axis] = stress[axis] + (zeta - 2 * eta / 3) * div
+                grad.append(0.5 * (central + central.roll(-1, dim)))
+        div = grad[0].select(FIELD, 0) + grad[1].select(FIELD, 1) + grad[2].select(FIELD, 2)
+        transposed = torch.stack([g.select(FIELD, axis) for g in grad], FIELD)  # d v_axis / d x_j
+        stress = eta * (grad[axis] + transposed)
+        stress.select(FIELD, axis).add_((zeta - 2 * eta / 3) * div)
         v_face = 0.5 * (vel + vel.roll(-1, dim))
-        face = torch.cat([torch.zeros_like(div)[None], stress, (stress * v_face).sum(0)[None]])
+        work = (stress * v_face).sum(FIELD)
+        face = torch.cat([torch.zeros_like(div).unsqueeze(FIELD), stress, work.unsqueeze(FIELD)], FIELD)
         total += (face - face.roll(1, dim)) / dx
     return total
 
 
-def step(u: torch.Tensor, dx: float, eta: float, zeta: float, cfl: float = 0.3, dt_max: float = math.inf):
-    """One SSP-RK2 step of size min(CFL limit, viscous limit, ``dt_max``); returns (new state, dt)."""
+def step(
+    u: torch.Tensor,
+    dx: float,
+    eta: float,
+    zeta: float,
+    cfl: float = 0.3,
+    dt_max: float | torch.Tensor = math.inf,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SSP-RK2 step of each state in ``u`` ``(..., 5, n, n, n)``, of its own size min(CFL limit,
+    viscous limit, ``dt_max``) (a float, or one per state); returns (new states, dt ``(...)``).
+    A state with ``dt_max`` 0 is returned unchanged."""
     rhs, speed = _convective_divergence(u, dx)
-    rho_min = float(u[0].min())
-    dt = cfl * dx / float(speed)
-    nu = max(eta, zeta) / rho_min
+    dt = cfl * dx / speed
+    nu = max(eta, zeta)
     if nu > 0:
-        dt = min(dt, 0.15 * dx * dx / nu)
-    dt = min(dt, dt_max)
-    stage = u + dt * (rhs + _viscous_divergence(u, dx, eta, zeta))
+        rho_min = u.select(FIELD, 0).amin(SPACE)
+        dt = torch.minimum(dt, 0.15 * dx * dx / (nu / rho_min))
+    dt = torch.minimum(dt, torch.as_tensor(dt_max, dtype=u.dtype, device=u.device))
+    h = dt[(...,) + (None,) * 4]
+    stage = u + h * (rhs + _viscous_divergence(u, dx, eta, zeta))
     rhs2, _ = _convective_divergence(stage, dx)
-    return 0.5 * (u + stage + dt * (rhs2 + _viscous_divergence(stage, dx, eta, zeta))), dt
+    return 0.5 * (u + stage + h * (rhs2 + _viscous_divergence(stage, dx, eta, zeta))), dt
 
 
 def random_field(n: int, generator: torch.Generator, k_max: int = 4, dtype=torch.float64) -> torch.Tensor:
@@ -125,8 +143,8 @@ def random_field(n: int, generator: torch.Generator, k_max: int = 4, dtype=torch
 
 
 def random_initial_state(n: int, mach: float, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
-    """PDEBench-style random initial data: density and pressure fluctuating around 1, velocities of
-    magnitude up to ``mach`` times the mean sound speed."""
+    """PDEBench-style random initial data ``(5, n, n, n)``: density and pressure fluctuating around 1,
+    velocities of magnitude up to ``mach`` times the mean sound speed."""
     rho = 1 + 0.5 * random_field(n, generator, dtype=dtype).abs()
     p = 1 + 0.5 * random_field(n, generator, dtype=dtype).abs()
     c0 = math.sqrt(GAMMA)
@@ -134,18 +152,22 @@ def random_initial_state(n: int, mach: float, generator: torch.Generator, dtype=
     return conserved(rho, vel, p)
 
 
-def simulate(u0: torch.Tensor, frames: int, t_end: float, eta: float, zeta: float, cfl: float = 0.3):
-    """States at ``frames`` equally spaced times from 0 to ``t_end``: ``(frames, 5, n, n, n)`` conserved."""
+def simulate(u0: torch.Tensor, frames: int, t_end: float, eta: float, zeta: float, cfl: float = 0.3) -> torch.Tensor:
+    """States at ``frames`` equally spaced times from 0 to ``t_end``: ``(..., frames, 5, n, n, n)`` from
+    the initial states ``u0`` ``(..., 5, n, n, n)``. Each state takes its own steps, capped at the next
+    frame time, so a batch of states follows the same steps as each one alone."""
     dx = 1.0 / u0.shape[-1]
     out = [u0]
-    u, t = u0, 0.0
+    u = u0
+    t = torch.zeros(u0.shape[:FIELD], dtype=u0.dtype, device=u0.device)
     for k in range(1, frames):
         target = t_end * k / (frames - 1)
-        while t < target - 1e-14:
-            u, dt = step(u, dx, eta, zeta, cfl, dt_max=target - t)
-            t += dt
+        while bool((running := t < target - 1e-14).any()):
+            # A state that reached the frame time steps by 0, which leaves it unchanged.
+            u, dt = step(u, dx, eta, zeta, cfl, dt_max=torch.where(running, target - t, 0.0))
+            t = t + dt
         out.append(u)
-    return torch.stack(out)
+    return torch.stack(out, FIELD - 1)
 
 
 def generate(
@@ -167,12 +189,17 @@ def generate(
     g = torch.Generator().manual_seed(seed)
     shape = (samples, frames, resolution, resolution, resolution)
     fields = {name: torch.empty(shape, dtype=torch.float32) for name in ("density", "pressure", "Vx", "Vy", "Vz")}
-    for b in tqdm(range(samples), desc="simulating", unit="sample", disable=not progress):
-        states = simulate(random_initial_state(resolution, mach, g), frames, t_end, eta, zeta)
-        for f, u in enumerate(states):
-            rho, vel, p = primitives(u)
-            fields["density"][b, f], fields["pressure"][b, f] = rho, p
-            fields["Vx"][b, f], fields["Vy"][b, f], fields["Vz"][b, f] = vel
+    chunk = max(1, CHUNK_CELLS // resolution**3)
+    with tqdm(total=samples, desc="simulating", unit="sample", disable=not progress) as bar:
+        for first in range(0, samples, chunk):
+            count = min(chunk, samples - first)
+            # Drawn one trajectory after another, as the data of a seed always were.
+            u0 = torch.stack([random_initial_state(resolution, mach, g) for _ in range(count)])
+            rho, vel, p = primitives(simulate(u0, frames, t_end, eta, zeta))
+            batch = slice(first, first + count)
+            fields["density"][batch], fields["pressure"][batch] = rho, p
+            fields["Vx"][batch], fields["Vy"][batch], fields["Vz"][batch] = vel.unbind(FIELD)
+            bar.update(count)
     attrs = {"M": mach, "eta": eta, "zeta": zeta, "gamma": GAMMA}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_pdebench3d(path, {k: v.numpy() for k, v in fields.items()}, t_end=t_end, attrs=attrs)
