@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 from harness import DEVICE_ENV
+from reference import rel_err
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from drift import comm
@@ -24,9 +25,11 @@ from drift.train import (
     LEGACY_OPTIONS,
     Sharding,
     TrainConfig,
+    _datasets,
     build_model,
     check_config,
     evaluate,
+    frame_weights,
     learning_rate,
     train,
 )
@@ -97,6 +100,35 @@ def test_two_ranks_train_like_one(ranks, data, tmp_path):
     assert _losses(rows) == _losses(two[0])
     for name in ("loss.png", "slice.png", "stats.json"):
         assert (tmp_path / "p2" / name).stat().st_size > 0
+
+
+def _weights_and_targets(config: TrainConfig):
+    """``frame_weights`` of this rank's training set, and (on one rank) every training target."""
+    sharding = Sharding.build(config, comm.world_size(), torch.device(DEVICE).type)
+    train_set, _ = _datasets(config, config.data, None, sharding)
+    weights = frame_weights(train_set, config.data_parallel, DEVICE).cpu()
+    targets = torch.stack([train_set[i][1] for i in range(len(train_set))]) if comm.world_size() == 1 else None
+    return weights, targets
+
+
+def test_frame_weighted_loss(ranks, data, tmp_path):
+    """--loss frame-weighted: the weights are the inverse variance of each field and predicted frame over
+    the training targets (numpy), the same on any mesh, and training with them is too."""
+    config = _config(data, tmp_path / "w", loss="frame-weighted")
+    weights, targets = ranks.run(1, _weights_and_targets, config)[0]
+    fields, frames = targets.shape[1:3]
+    variance = targets.double().numpy().transpose(1, 2, 0, 3, 4, 5).reshape(fields, frames, -1).var(axis=2)
+    expected = torch.from_numpy((1 / variance) / (1 / variance).mean())
+    assert weights.shape == (1, fields, 1, 1, 1, frames)
+    assert rel_err(weights.flatten().double(), expected.flatten()) <= 2e-6
+    for size, changes in ((2, {}), (4, dict(grid=(2, 2, 1))), (4, dict(data_parallel=2))):
+        for other, _ in ranks.run(size, _weights_and_targets, dataclasses.replace(config, **changes)):
+            assert rel_err(other, weights) <= 2e-6, changes
+    one = ranks.run(1, _train, config)[0]
+    two = ranks.run(2, _train, _config(data, tmp_path / "w2", loss="frame-weighted"))[0]
+    plain = ranks.run(1, _train, _config(data, tmp_path / "mse"))[0]
+    assert _close(_losses(two), _losses(one), 1e-5) and one[-1]["train_loss"] < one[0]["train_loss"]
+    assert one[0]["train_loss"] != plain[0]["train_loss"]
 
 
 def test_reduction_trains_like_the_flat_reduction(ranks, data, tmp_path):

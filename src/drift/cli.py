@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_train(commands) -> None:
     from drift.data import SPLITS
     from drift.nn import FACTORIZATIONS, METHODS
-    from drift.train import MODELS, ON_NAN, SCHEDULES, TrainConfig
+    from drift.train import LOSSES, MODELS, ON_NAN, SCHEDULES, TrainConfig
 
     d = TrainConfig()
     train = commands.add_parser(
@@ -384,6 +384,14 @@ def _add_train(commands) -> None:
         choices=SCHEDULES,
         default=d.schedule,
         help="learning rate over the run's steps: cosine-annealed from --lr to 0 over --epochs (default), or constant",
+    )
+    train.add_argument(
+        "--loss",
+        choices=LOSSES,
+        default=d.loss,
+        help="the MSE of the normalised fields (default), or each field and predicted frame weighted by the "
+        "inverse of its variance over the training trajectories, so that late frames, whose fluctuations "
+        "have decayed, count as much as early ones",
     )
     train.add_argument("--batch-size", type=positive(int), default=d.batch_size)
     train.add_argument("--seed", type=int, default=d.seed, help="weights and shuffling")

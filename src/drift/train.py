@@ -18,8 +18,10 @@ plain FNO (``--model plain``). Optimizer: AdamW with ``--weight-decay`` (Adam at
 
 Loss: the mean squared error over the global batch (each rank's loss is its share of the sum, so
 their sum is the global loss, torch.distributed's convention; drift sums the gradients over the mesh
-itself). Test metric: the relative L2 error ``||pred - true|| / ||true||`` of each test trajectory over
-its whole normalised field (every field, time and point), averaged over the trajectories; after the
+itself), with ``--loss frame-weighted`` each field and predicted frame weighted by the inverse of its
+variance over the training trajectories (``frame_weights``). Test metric: the relative L2 error
+``||pred - true|| / ||true||`` of each test trajectory over its whole normalised field (every field,
+time and point), averaged over the trajectories; after the
 last epoch and in ``evaluate`` also PDEBench's metrics (``drift.metrics``) on the physical fields.
 The test set is the last 10% of the file's trajectories (``split="last"``) or PDEBench's first 10%
 (``split="pdebench"``); the run records it, and a resumed run or an evaluation uses the same.
@@ -79,17 +81,22 @@ DEFAULT_DATA = dict(samples=256, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
 MODEL_OPTIONS = ("model", "width", "modes", "layers", "seed", "t_in", "t_out", "factorization", "rank")
 # Options of the optimisation a resumed run must share with the checkpoint's.
-OPTIMIZER_OPTIONS = ("method", "lr", "weight_decay", "schedule", "batch_size", "split")
+OPTIMIZER_OPTIONS = ("method", "lr", "weight_decay", "schedule", "batch_size", "split", "loss")
 # --model: Li et al.'s plain FNO, or neuraloperator 2.0's default options (FNO.neuralop_defaults).
 MODELS = ("plain", "neuralop")
 # --schedule: the learning rate over the run's steps, constant or cosine-annealed to 0.
 SCHEDULES = ("constant", "cosine")
 # What a checkpoint's meta.json holds (one without all of them is passed over as damaged).
 META_KEYS = ("epoch", "world_size", "config", "stats", "global_shape", "history")
+# --loss: the MSE of the normalised fields, or each (field, predicted frame) weighted by the inverse of its
+# variance over the training trajectories (``frame_weights``), so that late, decayed frames count as much.
+LOSSES = ("mse", "frame-weighted")
 # What a non-finite loss or gradient norm does: stop the run, or skip that batch.
 ON_NAN = ("stop", "skip-batch")
 # Options checkpoints written before the option existed were trained with.
-LEGACY_OPTIONS = dict(split="last", factorization=None, rank=1.0, model="plain", weight_decay=0.0, schedule="constant")
+LEGACY_OPTIONS = dict(
+    split="last", factorization=None, rank=1.0, model="plain", weight_decay=0.0, schedule="constant", loss="mse"
+)
 
 
 class ConfigError(ValueError):
@@ -119,6 +126,7 @@ class TrainConfig:
     lr: float = 3e-3
     weight_decay: float = 1e-4
     schedule: str = "cosine"
+    loss: str = "mse"
     batch_size: int = 2
     seed: int = 0
     device: str = "cpu"
@@ -184,6 +192,8 @@ def check_config(config: TrainConfig, world_size: int) -> None:
             (tucker_rank if config.factorization == "tucker" else cp_rank)(shape, config.rank)
         except ValueError as exc:
             raise ConfigError(f"--rank {config.rank}: {exc}") from None
+    if config.loss not in LOSSES:
+        raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {config.loss!r}")
     if config.on_nan not in ON_NAN:
         raise ConfigError(f"--on-nan must be one of {', '.join(ON_NAN)}, got {config.on_nan!r}")
     if config.split not in SPLITS:
@@ -377,6 +387,24 @@ def _batch(
 
 def _global_sum(t: torch.Tensor) -> torch.Tensor:
     return comm.all_reduce(t) if comm.world_size() > 1 else t
+
+
+def frame_weights(dataset: PDEBench3D, data_parallel: int, device) -> torch.Tensor:
+    """``--loss frame-weighted``'s weights ``(1, fields, 1, 1, 1, t_out)``: per field and predicted frame,
+    the inverse of the normalised target's variance over ``dataset``'s trajectories and points, scaled to
+    a mean of 1. Every rank sums its block of every trajectory (in float64), and one all-reduce joins
+    them (each block counted once per data-parallel replica)."""
+    sums = torch.zeros(2, len(dataset.fields), dataset.t_out, dtype=torch.float64, device=device)
+    for i in range(len(dataset)):
+        y = dataset[i][1].to(device=device, dtype=torch.float64)  # (fields, t_out, *block)
+        sums[0] += y.sum(tuple(range(2, y.dim())))
+        sums[1] += y.square().sum(tuple(range(2, y.dim())))
+    sums = _global_sum(sums) / (data_parallel * len(dataset) * math.prod(dataset.global_shape))
+    variance = sums[1] - sums[0].square()
+    if not bool((variance > 0).all()):
+        raise ConfigError("--loss frame-weighted: a field is constant over the training trajectories at some frame")
+    weights = 1 / variance
+    return (weights / weights.mean()).to(torch.float32).view(1, len(dataset.fields), 1, 1, 1, dataset.t_out)
 
 
 def pdebench_metrics(dataset: PDEBench3D, device) -> PDEBenchMetrics:
@@ -592,6 +620,7 @@ def _train(config: TrainConfig) -> list[dict]:
         train_set.stats.save(out / "stats.json")
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     count = math.prod(train_set.global_shape) * len(FIELDS) * config.t_out  # elements per trajectory
+    weights = frame_weights(train_set, config.data_parallel, device) if config.loss == "frame-weighted" else None
     bar = tqdm(
         range(start, config.epochs),
         desc=f"{config.method} P={comm.world_size()}",
@@ -615,7 +644,11 @@ def _train(config: TrainConfig) -> list[dict]:
                 x, y = _batch(train_set, indices, sharding, device)
             with clock("forward"):
                 # This rank's share of the global batch's loss: the ranks' losses sum to it.
-                loss = F.mse_loss(_local(model(x)), y, reduction="sum") / (count * len(indices))
+                pred = _local(model(x))
+                error = (
+                    F.mse_loss(pred, y, reduction="sum") if weights is None else ((pred - y).square() * weights).sum()
+                )
+                loss = error / (count * len(indices))
             with clock("backward"):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
