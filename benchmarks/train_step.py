@@ -150,7 +150,7 @@ def main() -> None:
     if args.what == "block":
         _block_summary(args, runs)
         return
-    summary = {name: {key: statistics.median(r[key] for r in rows) for key in STEP_KEYS} for name, rows in runs.items()}
+    summary = _medians(runs, STEP_KEYS)
     print(f"training step, FNO 5 -> 5, width 20, 4 blocks, modes (8, 8, 8, 16), {args.shape}, {args.threads} threads")
     for name, s in summary.items():
         peak = f"peak RSS {s['peak_gb']:6.2f} GB (model and data {s['base_gb']:.2f})"
@@ -162,15 +162,22 @@ def main() -> None:
         f"after / before: step {a['step_s'] / b['step_s']:.2f}, peak {a['peak_gb'] / b['peak_gb']:.2f}, "
         f"peak above model and data {grown(a) / grown(b):.2f}"
     )
+    _write_json(args, runs, summary)
+
+
+def _medians(runs: dict[str, list[dict]], keys: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Per tree, the median over rounds of each of ``keys``."""
+    return {name: {key: statistics.median(r[key] for r in rows) for key in keys} for name, rows in runs.items()}
+
+
+def _write_json(args: argparse.Namespace, runs: dict[str, list[dict]], summary: dict) -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(dict(args=vars(args), runs=runs, summary=summary), indent=2))
 
 
 def _block_summary(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
-    summary = {
-        name: {key: statistics.median(r[key] for r in rows) for key in BLOCK_KEYS} for name, rows in runs.items()
-    }
+    summary = _medians(runs, BLOCK_KEYS)
     where = f"{args.ranks} Gloo ranks of {args.threads} thread(s)" if args.ranks > 1 else f"{args.threads} threads"
     print(f"FNO block, width 20, modes (8, 8, 8, 16), {args.shape}, {where}")
     for name, s in summary.items():
@@ -185,9 +192,7 @@ def _block_summary(args: argparse.Namespace, runs: dict[str, list[dict]]) -> Non
         f"after / before: forward {a['forward_s'] / b['forward_s']:.2f}, "
         f"backward {a['backward_s'] / b['backward_s']:.2f}"
     )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(dict(args=vars(args), runs=runs, summary=summary), indent=2))
+    _write_json(args, runs, summary)
 
 
 if __name__ == "__main__":

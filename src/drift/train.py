@@ -21,8 +21,8 @@ their sum is the global loss, torch.distributed's convention; drift sums the gra
 itself), with ``--loss frame-weighted`` each field and predicted frame weighted by the inverse of its
 variance over the training trajectories (``frame_weights``). Test metric: the relative L2 error
 ``||pred - true|| / ||true||`` of each test trajectory over its whole normalised field (every field,
-time and point), averaged over the trajectories; after the
-last epoch and in ``evaluate`` also PDEBench's metrics (``drift.metrics``) on the physical fields.
+time and point), averaged over the trajectories; after the last epoch and in ``evaluate`` also
+PDEBench's metrics (``drift.metrics``) on the physical fields.
 The test set is the last 10% of the file's trajectories (``split="last"``) or PDEBench's first 10%
 (``split="pdebench"``); the run records it, and a resumed run or an evaluation uses the same.
 

@@ -38,6 +38,21 @@ OTHER_DEVICES_CHUNK_BYTES = 256 * 2**20
 RESIDENT_CHUNK_BYTES = {"cpu": 2 * 2**20}
 
 PointwiseFn = Callable[..., torch.Tensor]
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _is_exact_gelu(non_linearity: Activation | None) -> bool:
+    return non_linearity is F.gelu or (isinstance(non_linearity, nn.GELU) and non_linearity.approximate == "none")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``(b, c, *spatial)`` as ``(b, c, points)``."""
+    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:]))
+
+
+def _chunk_view(buffer: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A contiguous ``shape`` view of the start of the flat ``buffer``."""
+    return buffer[: math.prod(shape)].view(shape)
 
 
 def _points_per_chunk(device: torch.device, bytes_per_point: int, chunk_bytes: int | None = None) -> int:
@@ -50,11 +65,11 @@ def _resident_points(device: torch.device, bytes_per_point: int) -> int:
     return _points_per_chunk(device, bytes_per_point, RESIDENT_CHUNK_BYTES.get(device.type, OTHER_DEVICES_CHUNK_BYTES))
 
 
-def activate_(non_linearity: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def activate_(non_linearity: Activation, x: torch.Tensor) -> torch.Tensor:
     """``x`` overwritten by ``activate(non_linearity, x)``; in place without a temporary for real ``x``
-    and ``F.gelu`` (exact form), ``F.relu`` or ``torch.relu``."""
+    and exact GeLU (``F.gelu``, ``nn.GELU()``), ``F.relu`` or ``torch.relu``."""
     if not x.is_complex():
-        if non_linearity is F.gelu:
+        if _is_exact_gelu(non_linearity):
             return torch.ops.aten.gelu_(x)
         if non_linearity in (F.relu, torch.relu):
             return x.relu_()
@@ -67,13 +82,13 @@ def mlp_unrecorded(
     b1: torch.Tensor | None,
     w2: torch.Tensor,
     b2: torch.Tensor | None,
-    non_linearity: Callable[[torch.Tensor], torch.Tensor],
+    non_linearity: Activation,
     work: Workspace,
 ) -> torch.Tensor:
     """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a cache-sized chunk
     of points at a time through one resident hidden buffer of ``work``: the hidden layer never exists for
     the whole block and nothing is allocated per chunk. Returns a fresh ``(b, c_out, *spatial)``."""
-    flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    flat = _flat(x)
     out = x.new_empty(x.shape[0], w2.shape[0], flat.shape[2])
     hidden = w1.shape[0]
     step = _resident_points(x.device, hidden * x.element_size())
@@ -81,7 +96,7 @@ def mlp_unrecorded(
     for i in range(flat.shape[0]):
         for s in range(0, flat.shape[2], step):
             part = flat[i, :, s : s + step]
-            h = buffer[: hidden * part.shape[1]].view(hidden, part.shape[1])
+            h = _chunk_view(buffer, hidden, part.shape[1])
             if b1 is None:
                 torch.mm(w1, part, out=h)
             else:
@@ -140,7 +155,7 @@ def chunked_pointwise(
     (``bytes_per_point``: ``fn``'s intermediates per point; ``chunk_bytes`` defaults to ``CHUNK_BYTES`` for the device).
     Differentiable in ``x`` and ``params``: the backward pass recomputes each chunk (``fn`` must be
     deterministic). Returns ``(b, out_channels, *spatial)``."""
-    flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    flat = _flat(x)
     step = _points_per_chunk(x.device, bytes_per_point, chunk_bytes)
     out = _Chunked.apply(fn, step, out_channels, flat, *params)
     return out.view(x.shape[0], out_channels, *x.shape[2:])
@@ -151,12 +166,12 @@ def accumulate_in_place(
     bias: torch.Tensor | None,
     x: torch.Tensor,
     y: torch.Tensor,
-    non_linearity: Callable[[torch.Tensor], torch.Tensor] | None,
+    non_linearity: Activation | None,
 ) -> torch.Tensor:
     """``y`` (``(b, out, *spatial)``, not recorded by autograd) overwritten by ``non_linearity(y + W x + b)``
     for ``x`` ``(b, in, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, and no activation for
     None: a chunk of points at a time, each read and written once while it is in cache."""
-    flat_x = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    flat_x = _flat(x)
     flat = y.view(y.shape[0], y.shape[1], flat_x.shape[2])
     w = weight.expand(x.shape[0], -1, -1)
     step = _resident_points(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
@@ -168,18 +183,6 @@ def accumulate_in_place(
         if non_linearity is not None:
             activate_(non_linearity, part)
     return y
-
-
-Activation = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _is_exact_gelu(non_linearity: Activation | None) -> bool:
-    return non_linearity is F.gelu or (isinstance(non_linearity, nn.GELU) and non_linearity.approximate == "none")
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """``(b, c, *spatial)`` as ``(b, c, points)``."""
-    return t.reshape(t.shape[0], t.shape[1], math.prod(t.shape[2:]))
 
 
 class _PointwiseActivation(torch.autograd.Function):
@@ -276,11 +279,6 @@ def pointwise_activation(
     per_point = 2 * y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size()  # x, y, out; backward g, z, x, grad x
     step = _points_per_chunk(y.device, per_point, chunk_bytes)
     return _PointwiseActivation.apply(non_linearity, step, x, y, weight, bias)
-
-
-def _chunk_view(buffer: torch.Tensor, *shape: int) -> torch.Tensor:
-    """A contiguous ``shape`` view of the start of the flat ``buffer``."""
-    return buffer[: math.prod(shape)].view(shape)
 
 
 def _activate_into(act: Activation, h: torch.Tensor, out: torch.Tensor) -> None:
