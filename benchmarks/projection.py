@@ -1,7 +1,9 @@
-"""The FNO projection (width -> 128 -> out, GeLU between): whole tensors against ``chunked_pointwise``.
+"""The FNO projection (width -> 128 -> out, GeLU between): whole tensors against ``FNO._project``'s chunks.
 
-Forward without autograd, and forward + backward, on one rank's block; medians of interleaved repeats,
-with the FLOPs, the achieved rate and this machine's measured matmul and copy ceilings in the same run.
+Forward without autograd (``mlp_unrecorded``, one resident hidden buffer per chunk), and forward +
+backward (``chunked_mlp``), on one rank's block, each variant with chunks of ``--chunk-mib`` MiB of
+intermediates; medians of interleaved repeats, with the FLOPs, the achieved rate and this machine's
+measured matmul and copy ceilings in the same run.
 
     python benchmarks/projection.py --shape 16x64x32x30 --width 20 --repeats 5 --json results/projection.json
 """

@@ -30,12 +30,10 @@ from drift.nn.pointwise import activate
 
 # Intermediates per chunk. On the CPU below glibc's largest mmap threshold (32 MiB), so that chunks reuse
 # the heap instead of page-faulting fresh maps (benchmarks/projection.py: 16 MiB was the fastest of 2-16
-# MiB, 4x the whole-tensor forward); elsewhere large, each chunk costing kernel launches.
+# MiB, 4x the whole-tensor forward; through one resident buffer, fastest of 1-32 MiB too); elsewhere
+# large, each chunk costing kernel launches.
 CHUNK_BYTES = {"cpu": 16 * 2**20}
 OTHER_DEVICES_CHUNK_BYTES = 256 * 2**20
-# Intermediates per chunk in passes through resident buffers (nothing allocated per chunk): on the CPU
-# about one core's L2, so that each chunk is written and read back while it is in cache.
-RESIDENT_CHUNK_BYTES = {"cpu": 2 * 2**20}
 
 PointwiseFn = Callable[..., torch.Tensor]
 Activation = Callable[[torch.Tensor], torch.Tensor]
@@ -61,10 +59,6 @@ def _points_per_chunk(device: torch.device, bytes_per_point: int, chunk_bytes: i
     return max(1, chunk_bytes // max(1, bytes_per_point))
 
 
-def _resident_points(device: torch.device, bytes_per_point: int) -> int:
-    return _points_per_chunk(device, bytes_per_point, RESIDENT_CHUNK_BYTES.get(device.type, OTHER_DEVICES_CHUNK_BYTES))
-
-
 def activate_(non_linearity: Activation, x: torch.Tensor) -> torch.Tensor:
     """``x`` overwritten by ``activate(non_linearity, x)``; in place without a temporary for real ``x``
     and exact GeLU (``F.gelu``, ``nn.GELU()``), ``F.relu`` or ``torch.relu``."""
@@ -85,13 +79,13 @@ def mlp_unrecorded(
     non_linearity: Activation,
     work: Workspace,
 ) -> torch.Tensor:
-    """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a cache-sized chunk
+    """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a chunk (``CHUNK_BYTES``)
     of points at a time through one resident hidden buffer of ``work``: the hidden layer never exists for
     the whole block and nothing is allocated per chunk. Returns a fresh ``(b, c_out, *spatial)``."""
     flat = _flat(x)
     out = x.new_empty(x.shape[0], w2.shape[0], flat.shape[2])
     hidden = w1.shape[0]
-    step = _resident_points(x.device, hidden * x.element_size())
+    step = _points_per_chunk(x.device, hidden * x.element_size())
     buffer = work.get(("mlp_hidden",), (hidden * step,), x.dtype, x.device)
     for i in range(flat.shape[0]):
         for s in range(0, flat.shape[2], step):
@@ -174,7 +168,7 @@ def accumulate_in_place(
     flat_x = _flat(x)
     flat = y.view(y.shape[0], y.shape[1], flat_x.shape[2])
     w = weight.expand(x.shape[0], -1, -1)
-    step = _resident_points(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
+    step = _points_per_chunk(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
     for s in range(0, flat.shape[2], step):
         part = flat[..., s : s + step]
         torch.baddbmm(part, w, flat_x[..., s : s + step], out=part)
