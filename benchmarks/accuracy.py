@@ -4,7 +4,8 @@ Runs ``drift train`` (``--nproc`` ranks, its defaults unless more options follow
 neuraloperator's own ``FNO`` with its default options in this one process, on the same problem as the
 drift run recorded it (data file, split, t_in -> t_out, width, modes as neuraloperator's ``n_modes``,
 layers, seed): the same trajectories read by drift's ``PDEBench3D`` loader with the same normalisation,
-the same batches in the same order, the same loss (MSE of the normalised fields), optimizer, learning-rate
+the same batches in the same order, the same loss (``--loss``: the MSE of the normalised fields, or with
+``frame-weighted`` each field and frame weighted as ``drift.train.frame_weights``), optimizer, learning-rate
 schedule and number of optimizer steps. Both are scored by drift's test relative L2 and PDEBench's nRMSE
 (``drift.metrics``) after the last epoch; the wall-clock of each is recorded next to it.
 
@@ -36,6 +37,7 @@ from drift.train import (
     config_from,
     ensure_default_data,
     find_checkpoint,
+    frame_weights,
     make_optimizer,
     model_input,
     model_target,
@@ -89,6 +91,7 @@ def run_neuralop(saved: dict) -> dict:
         n_layers=config.layers,
     )
     optimizer = make_optimizer(config, model)
+    weights = frame_weights(train_set, 1, "cpu") if config.loss == "frame-weighted" else None
     steps = -(-len(train_set) // config.batch_size)
     history, began = [], time.perf_counter()
     for epoch in range(config.epochs):
@@ -102,7 +105,8 @@ def run_neuralop(saved: dict) -> dict:
             x = model_input(torch.stack([p[0] for p in pairs]), config.t_out)
             y = model_target(torch.stack([p[1] for p in pairs]))
             set_learning_rate(optimizer, config, epoch * steps + step, config.epochs * steps)
-            loss = F.mse_loss(model(x), y)
+            pred = model(x)
+            loss = F.mse_loss(pred, y) if weights is None else ((pred - y).square() * weights).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -153,7 +157,7 @@ def main() -> None:
     config = drift["config"]
     print(
         f"\n{drift['command']}: {config['epochs']} epochs, batch {config['batch_size']}, lr {config['lr']} "
-        f"({config['schedule']}), weight decay {config['weight_decay']}, split {config['split']}"
+        f"({config['schedule']}), weight decay {config['weight_decay']}, split {config['split']}, loss {config['loss']}"
     )
     print("| model | test rel L2 | nRMSE | s/epoch (median) | wall-clock |")
     print("|---|---|---|---|---|")

@@ -46,7 +46,7 @@ def test_accuracy_benchmark_trains_drift_and_neuraloperator_on_one_problem(tmp_p
     argv = [sys.executable, str(script), "--nproc", "2", "--out", str(tmp_path / "out"), "--data", str(data)]
     done = subprocess.run([*argv, *tiny, "--no-progress"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "| neuraloperator 2.0 `FNO`, defaults" in done.stdout
+    assert "| neuraloperator 2.0 `FNO`, defaults" in done.stdout and "loss frame-weighted" in done.stdout
     report = json.loads((tmp_path / "out" / "accuracy.json").read_text())
     drift, theirs = report["drift"], report["neuraloperator"]
     model = build_model(config_from(drift["config"]), "cpu")

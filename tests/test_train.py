@@ -126,7 +126,7 @@ def test_frame_weighted_loss(ranks, data, tmp_path):
             assert rel_err(other, weights) <= 2e-6, changes
     one = ranks.run(1, _train, config)[0]
     two = ranks.run(2, _train, _config(data, tmp_path / "w2", loss="frame-weighted"))[0]
-    plain = ranks.run(1, _train, _config(data, tmp_path / "mse"))[0]
+    plain = ranks.run(1, _train, _config(data, tmp_path / "mse", loss="mse"))[0]
     assert _close(_losses(two), _losses(one), 1e-5) and one[-1]["train_loss"] < one[0]["train_loss"]
     assert one[0]["train_loss"] != plain[0]["train_loss"]
 

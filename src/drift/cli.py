@@ -389,9 +389,9 @@ def _add_train(commands) -> None:
         "--loss",
         choices=LOSSES,
         default=d.loss,
-        help="the MSE of the normalised fields (default), or each field and predicted frame weighted by the "
-        "inverse of its variance over the training trajectories, so that late frames, whose fluctuations "
-        "have decayed, count as much as early ones",
+        help="each field and predicted frame weighted by the inverse of its variance over the training "
+        "trajectories, so that late frames, whose fluctuations have decayed, count as much as early ones "
+        "(default), or the MSE of the normalised fields",
     )
     train.add_argument("--batch-size", type=positive(int), default=d.batch_size)
     train.add_argument("--seed", type=int, default=d.seed, help="weights and shuffling")

@@ -18,11 +18,11 @@ plain FNO (``--model plain``). Optimizer: AdamW with ``--weight-decay`` (Adam at
 
 Loss: the mean squared error over the global batch (each rank's loss is its share of the sum, so
 their sum is the global loss, torch.distributed's convention; drift sums the gradients over the mesh
-itself), with ``--loss frame-weighted`` each field and predicted frame weighted by the inverse of its
-variance over the training trajectories (``frame_weights``). Test metric: the relative L2 error
-``||pred - true|| / ||true||`` of each test trajectory over its whole normalised field (every field,
-time and point), averaged over the trajectories; after the last epoch and in ``evaluate`` also
-PDEBench's metrics (``drift.metrics``) on the physical fields.
+itself), by default (``--loss frame-weighted``) each field and predicted frame weighted by the inverse
+of its variance over the training trajectories (``frame_weights``), or unweighted (``--loss mse``).
+Test metric: the relative L2 error ``||pred - true|| / ||true||`` of each test trajectory over its whole
+normalised field (every field, time and point), averaged over the trajectories; after the last epoch and
+in ``evaluate`` also PDEBench's metrics (``drift.metrics``) on the physical fields.
 The test set is the last 10% of the file's trajectories (``split="last"``) or PDEBench's first 10%
 (``split="pdebench"``); the run records it, and a resumed run or an evaluation uses the same.
 
@@ -126,7 +126,7 @@ class TrainConfig:
     lr: float = 3e-3
     weight_decay: float = 1e-4
     schedule: str = "cosine"
-    loss: str = "mse"
+    loss: str = "frame-weighted"
     batch_size: int = 2
     seed: int = 0
     device: str = "cpu"
