@@ -139,15 +139,22 @@ def _bad_step(epoch: int, trajectory: int) -> tuple[int, list[int]]:
 
 
 def test_a_nonfinite_loss_stops_before_a_checkpoint_or_skips_the_batch(ranks, capsys, data, tmp_path):
-    out = tmp_path / "run"
-    ranks.run(2, _train, _config(data, out, epochs=1))
+    out, weighted = tmp_path / "run", tmp_path / "weighted"
+    ranks.run(2, _train, _config(data, out, epochs=1, loss="mse"))
+    ranks.run(2, _train, _config(data, weighted, epochs=1))
     # The run goes on on data that changed under it: a finite value whose square overflows float32 (in a
     # target frame, in rank 1's slab alone) passes the data check, and only the guard sees the loss.
     bad = _spoiled(data, tmp_path / "huge.hdf5", 1, "pressure", 4, 3e38)
     step, batch = _bad_step(2, 1)
+    # The default loss's frame weights see the overflow before training does, on every rank.
+    with pytest.raises(RankError) as refused:
+        ranks.run(2, _train, _config(bad, weighted, epochs=2, resume=True))
+    message = str(refused.value)
+    assert message.startswith("ranks 0, 1 failed: ConfigError: --loss frame-weighted: the normalised field "), message
+    assert "'pressure' holds a non-finite value over the training trajectories at predicted frame" in message
     began = time.monotonic()
     with pytest.raises(RankError) as stopped:
-        ranks.run(2, _train, _config(bad, out, epochs=2, resume=True))
+        ranks.run(2, _train, _config(bad, out, epochs=2, resume=True, loss="mse"))
     assert time.monotonic() - began < 30
     message = str(stopped.value)
     assert message.startswith("ranks 0, 1 failed: NonFiniteError: non-finite loss"), message
@@ -155,10 +162,10 @@ def test_a_nonfinite_loss_stops_before_a_checkpoint_or_skips_the_batch(ranks, ca
     assert _checkpoints(out) == (["epoch-0001"], "epoch-0001") and len(_rows(out)) == 1
     assert not list((out / "checkpoints").glob("epoch-0002*"))
     # The same through the command, on one rank: exit code 2 and one line.
-    _refused_soon(capsys, _run(bad, out, "--epochs", "2", "--resume"), f"at epoch 2, step {step}")
+    _refused_soon(capsys, _run(bad, out, "--epochs", "2", "--resume", "--loss", "mse"), f"at epoch 2, step {step}")
     assert _checkpoints(out) == (["epoch-0001"], "epoch-0001")
     # --on-nan skip-batch: the bad batch is skipped and counted, the weights stay finite.
-    history = ranks.run(2, _train, _config(bad, out, epochs=2, resume=True, on_nan="skip-batch"))[0]
+    history = ranks.run(2, _train, _config(bad, out, epochs=2, resume=True, on_nan="skip-batch", loss="mse"))[0]
     assert [r["skipped_batches"] for r in history] == [0, 1] and _rows(out)[1]["skipped_batches"] == 1
     assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["test_rel_l2"]) for r in history)
     assert _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")

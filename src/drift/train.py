@@ -401,8 +401,13 @@ def frame_weights(dataset: PDEBench3D, data_parallel: int, device) -> torch.Tens
         sums[1] += y.square().sum(tuple(range(2, y.dim())))
     sums = _global_sum(sums) / (data_parallel * len(dataset) * math.prod(dataset.global_shape))
     variance = sums[1] - sums[0].square()
-    if not bool((variance > 0).all()):
-        raise ConfigError("--loss frame-weighted: a field is constant over the training trajectories at some frame")
+    for bad, what in ((~torch.isfinite(variance), "holds a non-finite value"), (variance <= 0, "is constant")):
+        if bool(bad.any()):
+            field, frame = (int(i) for i in bad.nonzero()[0])
+            raise ConfigError(
+                f"--loss frame-weighted: the normalised field {dataset.fields[field]!r} {what} over the training "
+                f"trajectories at predicted frame {frame + 1} (--loss mse does not weight frames)"
+            )
     weights = 1 / variance
     return (weights / weights.mean()).to(torch.float32).view(1, len(dataset.fields), 1, 1, 1, dataset.t_out)
 
