@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import h5py
 import pytest
 import torch
 from harness import DEVICE_ENV
@@ -21,6 +22,7 @@ from drift import comm
 from drift.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.cli import main
 from drift.data import generate
+from drift.launch import RankError
 from drift.train import (
     LEGACY_OPTIONS,
     Sharding,
@@ -124,6 +126,14 @@ def test_frame_weighted_loss(ranks, data, tmp_path):
     for size, changes in ((2, {}), (4, dict(grid=(2, 2, 1))), (4, dict(data_parallel=2))):
         for other, _ in ranks.run(size, _weights_and_targets, dataclasses.replace(config, **changes)):
             assert rel_err(other, weights) <= 2e-6, changes
+    flat = tmp_path / "flat.hdf5"
+    shutil.copy(data, flat)
+    with h5py.File(flat, "r+") as f:
+        f["Vy"][:, 3] = 0.25  # the second predicted frame (t_in 2), in every trajectory
+    with pytest.raises(
+        RankError, match="the normalised field 'Vy' is constant over the training trajectories at predicted frame 2"
+    ):
+        ranks.run(2, _weights_and_targets, dataclasses.replace(config, data=str(flat)))
     one = ranks.run(1, _train, config)[0]
     two = ranks.run(2, _train, _config(data, tmp_path / "w2", loss="frame-weighted"))[0]
     plain = ranks.run(1, _train, _config(data, tmp_path / "mse", loss="mse"))[0]

@@ -393,7 +393,8 @@ def frame_weights(dataset: PDEBench3D, data_parallel: int, device) -> torch.Tens
     """``--loss frame-weighted``'s weights ``(1, fields, 1, 1, 1, t_out)``: per field and predicted frame,
     the inverse of the normalised target's variance over ``dataset``'s trajectories and points, scaled to
     a mean of 1. Every rank sums its block of every trajectory (in float64), and one all-reduce joins
-    them (each block counted once per data-parallel replica)."""
+    them (each block counted once per data-parallel replica). ConfigError, on every rank, where a field
+    is constant at a frame or its normalised values are not finite."""
     sums = torch.zeros(2, len(dataset.fields), dataset.t_out, dtype=torch.float64, device=device)
     for i in range(len(dataset)):
         y = dataset[i][1].to(device=device, dtype=torch.float64)  # (fields, t_out, *block)
@@ -401,7 +402,9 @@ def frame_weights(dataset: PDEBench3D, data_parallel: int, device) -> torch.Tens
         sums[1] += y.square().sum(tuple(range(2, y.dim())))
     sums = _global_sum(sums) / (data_parallel * len(dataset) * math.prod(dataset.global_shape))
     variance = sums[1] - sums[0].square()
-    for bad, what in ((~torch.isfinite(variance), "holds a non-finite value"), (variance <= 0, "is constant")):
+    # Rounding leaves a constant frame a variance of order 1e-16 of its mean square, not 0.
+    constant = variance <= 1e-10 * sums[1]
+    for bad, what in ((~torch.isfinite(variance), "holds a non-finite value"), (constant, "is constant")):
         if bool(bad.any()):
             field, frame = (int(i) for i in bad.nonzero()[0])
             raise ConfigError(
