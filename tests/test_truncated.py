@@ -33,7 +33,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import drift
-from drift.truncated import _planar_links
 
 # (global shape, grid): slab and pencil grids, even, odd and prime extents, uneven splits, empty blocks
 # (torch.chunk leaves trailing blocks empty: 5 or 9 over 4 ranks, 1 over 2), 1-D to 4-D.
@@ -244,33 +243,6 @@ GRADIENT_CASES = [
 )
 def test_gradients_follow_sum_convention(ranks, case):
     ranks.run(math.prod(case[1]), _check_gradients, *case)
-
-
-# Plans whose first two forward stages (and last two inverse stages) are left gemms on dims in increasing
-# order, so that the big tensor between them stays in real and imaginary planes (``_planar_links``):
-# one rank, odd and prime extents, a pencil, an uneven slab with an empty block, explicit modes.
-LINKED_CASES = [
-    ((16, 12, 6, 4), (1, 1, 1, 1), [2, 2, 2, 3], (2, 3)),
-    ((17, 13, 4), (1, 1, 1), [2, 2, 3], ()),
-    ((16, 12, 6, 4), (1, 2, 2, 1), [2, 2, 2, 3], (2,)),
-    ((9, 12, 6, 4), (4, 1, 1, 1), [2, 2, 2, 3], (2,)),
-    ((16, 12, 6, 4), (2, 2, 1, 1), [2, [0, 3, -1], 2, 3], ()),
-]
-
-
-def _check_linked(shape, grid, modes, batch):
-    mesh, placements = mesh_for(grid)
-    plan = drift.TruncatedFFT(shape, modes, mesh, placements, dtype=torch.float64)
-    maps = (plan._forward_stages, plan._inverse_stages, plan._forward_adjoint, plan._inverse_adjoint)
-    assert math.prod(plan.local_shape) == 0 or all(any(_planar_links(m)) for m in maps), plan.order
-    for i, dtype in enumerate((torch.float64, torch.float32)):
-        _check_values(shape, grid, modes, True, dtype, NORMS[i], batch)
-    _check_gradients(shape, grid, modes, True, batch)
-
-
-@pytest.mark.parametrize("case", LINKED_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-{'x'.join(map(str, c[1]))}")
-def test_planar_stages_match_torch_fft(ranks, case):
-    ranks.run(math.prod(case[1]), _check_linked, *case)
 
 
 @pytest.mark.parametrize("real", [True, False])

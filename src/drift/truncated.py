@@ -164,12 +164,9 @@ def _apply(
     work: Workspace | None,
     key: tuple,
     out: torch.Tensor | None = None,
-    planar: bool = False,
 ) -> torch.Tensor:
     """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work`` when it is given, and
-    the result into ``out`` when that is given (a contiguous tensor of the result's shape). ``planar``: a
-    left real-in stage returns its real gemm output (the stage's dim holding the real then the imaginary
-    planes, ``2 k``) for ``_from_planar``; a left real-out stage takes such a tensor from ``_to_planar``."""
+    the result into ``out`` when that is given (a contiguous tensor of the result's shape)."""
 
     def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         return None if work is None else work.get((*key, role), shape, dtype, t.device)
@@ -178,10 +175,7 @@ def _apply(
     pos = stage.dim + 1
     lead, n, rest = math.prod(shape[:pos]), shape[pos], math.prod(shape[pos + 1 :])
     new_shape = (*shape[:pos], stage.out, *shape[pos + 1 :])
-    if planar and stage.kind == "real_out":
-        n //= 2
-        t = t.reshape(lead, 2 * n, rest)
-    elif stage.kind == "real_out":
+    if stage.kind == "real_out":
         if stage.right:
             t = torch.view_as_real(t).reshape(lead, 2 * n)
         else:
@@ -199,8 +193,6 @@ def _apply(
     else:
         target = buffer("gemm", gemm_shape, t.dtype)
     result = torch.matmul(t, matrix, out=target) if stage.right else torch.matmul(matrix, t, out=target)
-    if stage.kind == "real_in" and planar:
-        return result.view(*shape[:pos], 2 * stage.out, *shape[pos + 1 :])
     if stage.kind == "real_in":
         k = stage.out
         if stage.right:
@@ -211,72 +203,6 @@ def _apply(
         if out is not None:
             return out.copy_(result.view(new_shape))
     return result.view(new_shape)
-
-
-def _planar_links(stages: Sequence[_Stage]) -> tuple[bool, ...]:
-    """Per stage, whether it hands the next one real and imaginary planes instead of interleaved complex
-    values: a left real-in stage followed by a left complex stage on a later dim (``_from_planar``), or a
-    left complex stage followed by a left real-out stage on an earlier dim (``_to_planar``). The big
-    tensor between them is then never interleaved or de-interleaved: only the small side is."""
-    links = []
-    for stage, following in itertools.pairwise(stages):
-        left = not stage.right and not following.right
-        into = stage.kind == "real_in" and following.kind == "complex" and following.dim > stage.dim
-        out_of = stage.kind == "complex" and following.kind == "real_out" and following.dim < stage.dim
-        links.append(left and (into or out_of))
-    return (*links, False)
-
-
-def _from_planar(
-    t: torch.Tensor, stage: _Stage, matrix: torch.Tensor, plane_dim: int, work: Workspace, key: tuple, out=None
-) -> torch.Tensor:
-    """A left complex stage on ``t``, the real planes of a complex tensor (``plane_dim`` holds the real
-    then the imaginary parts of its ``k`` entries, ``2 k``): one real gemm of the stacked real and
-    imaginary parts of ``matrix`` over both planes, then the small output combined into complex values."""
-    shape = t.shape
-    pos, plane_pos = stage.dim + 1, plane_dim + 1
-    lead, n, rest = math.prod(shape[:pos]), shape[pos], math.prod(shape[pos + 1 :])
-    k = stage.out
-    stacked = torch.cat((matrix.real, matrix.imag))  # (2 k, n), small
-    products = torch.matmul(
-        stacked, t.reshape(lead, n, rest), out=work.get((*key, "planar"), (lead, 2 * k, rest), t.dtype, t.device)
-    )
-    outer = math.prod(shape[:plane_pos])
-    products = products.view(outer, 2, lead // (2 * outer), 2 * k, rest)
-    real, imag = products[:, 0], products[:, 1]  # the products of the real and of the imaginary plane
-    parts = work.get((*key, "parts"), (2, outer, lead // (2 * outer), k, rest), t.dtype, t.device)
-    torch.sub(real[:, :, :k], imag[:, :, k:], out=parts[0])
-    torch.add(real[:, :, k:], imag[:, :, :k], out=parts[1])
-    new_shape = (*shape[:plane_pos], shape[plane_pos] // 2, *shape[plane_pos + 1 : pos], k, *shape[pos + 1 :])
-    target = out if out is not None else work.get((*key, "complex"), new_shape, complex_dtype(t.dtype), t.device)
-    return torch.complex(parts[0], parts[1], out=target.view(parts.shape[1:])).view(new_shape)
-
-
-def _to_planar(
-    t: torch.Tensor, stage: _Stage, matrix: torch.Tensor, plane_dim: int, work: Workspace, key: tuple
-) -> torch.Tensor:
-    """A left complex stage whose output goes to a left real-out stage on the earlier ``plane_dim``: the
-    small input split into real and imaginary parts, two real gemms writing the real and the imaginary
-    plane of the output straight into the layout ``_apply(planar=True)`` takes (``plane_dim`` doubled)."""
-    shape = t.shape
-    pos, plane_pos = stage.dim + 1, plane_dim + 1
-    lead, k, rest = math.prod(shape[:pos]), shape[pos], math.prod(shape[pos + 1 :])
-    n = stage.out
-    rdtype = real_dtype(t.dtype)
-    split = work.get((*key, "split"), (lead, 2 * k, rest), rdtype, t.device)
-    t = t.reshape(lead, k, rest)
-    torch.cat((t.real, t.imag), dim=1, out=split)
-    outer = math.prod(shape[:plane_pos])
-    inner = lead // outer
-    new_shape = (*shape[:plane_pos], 2 * shape[plane_pos], *shape[plane_pos + 1 : pos], n, *shape[pos + 1 :])
-    planes = work.get((*key, "planes"), (outer, 2, inner, n, rest), rdtype, t.device)
-    split = split.view(outer, inner, 2 * k, rest)
-    real_rows = torch.cat((matrix.real, -matrix.imag), dim=1)  # (n, 2 k), small
-    imag_rows = torch.cat((matrix.imag, matrix.real), dim=1)
-    for i in range(outer):
-        torch.matmul(real_rows, split[i], out=planes[i, 0])
-        torch.matmul(imag_rows, split[i], out=planes[i, 1])
-    return planes.view(new_shape)
 
 
 def _reduction_mesh(layout: Layout, shape: Sequence[int]) -> DeviceMesh | None:
@@ -563,20 +489,11 @@ class TruncatedFFT(ComplexModule):
             sizes[stage.dim] = stage.out
         result_dtype = self.dtype if stages[-1].kind == "real_out" else self.complex_dtype
         result = t.new_empty((rows, *sizes), dtype=result_dtype) if out is None else out.view(rows, *sizes)
-        # An empty block (on either side of the map) has no planes to split.
-        links = _planar_links(stages) if t.numel() and result.numel() else (False,) * len(stages)
-        work = self._workspace
         for start in range(0, rows, chunk):
             piece = t[start : start + chunk]
             for i, stage in enumerate(stages):
                 out = result[start : start + chunk] if i == len(stages) - 1 else None
-                after_link = i > 0 and links[i - 1]
-                if stage.kind == "complex" and after_link:
-                    piece = _from_planar(piece, stage, matrices[i], stages[i - 1].dim, work, (name, i), out)
-                elif stage.kind == "complex" and links[i]:
-                    piece = _to_planar(piece, stage, matrices[i], stages[i + 1].dim, work, (name, i))
-                else:
-                    piece = _apply(piece, stage, matrices[i], work, (name, i), out, planar=links[i] or after_link)
+                piece = _apply(piece, stage, matrices[i], self._workspace, (name, i), out=out)
         return result
 
     def partial_spectrum(self, x_local: torch.Tensor) -> torch.Tensor:
