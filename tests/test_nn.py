@@ -485,16 +485,29 @@ def test_channel_mixing_and_its_gradients_match_einsum(dtype):
         assert torch.autograd.gradcheck(mix_channels, small) and torch.autograd.gradgradcheck(mix_channels, small)
 
 
+@pytest.mark.parametrize("modes", [(2, 2, 3), ([1, -1], 2, 3)], ids=["with-dc", "without-dc"])
 @pytest.mark.parametrize("method", drift.nn.METHODS)
-def test_spectral_conv_into_a_preallocated_tensor(method):
+def test_spectral_conv_into_a_preallocated_tensor(method, modes):
+    """``forward_local(out=, constant=)``: the convolution plus its bias and ``constant`` at every point;
+    "drift" adds both to the constant mode when it is kept (``folds_constants``), the others add them."""
     torch.manual_seed(6)
-    conv = SpectralConv(2, 3, (2, 2, 3), method=method, bias=True, dtype=torch.float64)
+    conv = SpectralConv(2, 3, modes, method=method, bias=True, dtype=torch.float64)
     x = random_tensor((2, 2, 9, 8, 6), torch.float64, 11)
+    constant = random_tensor((3,), torch.float64, 12)
     expected = conv(x)
+    layout = drift.Layout((9, 8, 6))
+    assert conv.folds_constants(layout) == (method == "drift" and modes[0] == 2)
     out = torch.full_like(expected, float("nan")).detach()
     with torch.no_grad():
-        assert conv.forward_local(x, drift.Layout((9, 8, 6)), out=out) is out
-    assert rel_err(out, expected) <= 1e-12
+        assert conv.forward_local(x, layout, out=out) is out
+        assert rel_err(out, expected) <= 1e-12
+        assert conv.forward_local(x, layout, out=out, constant=constant) is out
+        assert rel_err(out, expected + constant.view(-1, 1, 1, 1)) <= 1e-12
+        with pytest.raises(drift.PlanError, match="constant= is for outputs written into out="):
+            conv.forward_local(x, layout, constant=constant)
+    if method == "drift" and modes[0] != 2:
+        with pytest.raises(drift.PlanError, match="lack frequency 0"):
+            conv.plan(layout).add_constant_(torch.zeros(1, 3, *conv.mode_shape, dtype=torch.complex128), constant)
 
 
 @pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])

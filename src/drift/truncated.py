@@ -559,6 +559,28 @@ class TruncatedFFT(ComplexModule):
             return out
         return self._run(self._inverse_stages, spec, "inverse", self._inverse_adjoint).view(*batch, *self.local_shape)
 
+    @property
+    def has_constant_mode(self) -> bool:
+        """Whether the kept modes hold frequency 0 on every dim: the one mode whose inverse is constant."""
+        return all(0 in m for m in self.modes)
+
+    def add_constant_(self, xhat: torch.Tensor, value: torch.Tensor, sharded: bool = False) -> torch.Tensor:
+        """``xhat`` (``(b, c, K1, ..., Kd)``, or this rank's share of it when ``sharded``; complex, outside
+        autograd) with ``value`` ``(c,)`` added so that its inverse gains ``value[j]`` at every point of
+        channel j: the constant mode's coefficient, ``value`` over the inverse's scale (only the rank whose
+        share holds it changes anything). PlanError where the kept modes lack frequency 0 on some dim."""
+        if not self.has_constant_mode:
+            raise PlanError(f"add_constant_: the kept modes {self.mode_shape} lack frequency 0 on some dim")
+        position = [m.index(0) for m in self.modes]
+        if sharded:
+            share = self.share_slice()
+            if not share.start <= position[0] < share.stop:
+                return xhat
+            position[0] -= share.start
+        scale = math.prod(self._scale(dim, inverse=True) for dim in range(len(self.modes)))
+        xhat[(slice(None), slice(None), *position)] += value.to(xhat.dtype) / scale
+        return xhat
+
     def _check_out(self, out: torch.Tensor, shape: tuple[int, ...], spec: torch.Tensor) -> None:
         """PlanError unless ``out`` can take the inverse of ``spec`` as it is: contiguous, of ``shape``,
         the result's dtype and device, and not recorded by autograd."""

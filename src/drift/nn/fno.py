@@ -51,7 +51,9 @@ def fno_block(
     time, with the activation: in place without autograd (``accumulate_in_place``), as one autograd node
     for real data (``pointwise_activation``); complex data and autocast take ``pointwise``'s whole-tensor
     path."""
-    y = spectral.forward_local(x, layout, out=out)
+    # Outside autograd, drift adds W's bias to K's constant mode, sparing a pass over the block.
+    fold = out is not None and pointwise.bias is not None and spectral.folds_constants(layout)
+    y = spectral.forward_local(x, layout, out=out, constant=pointwise.bias if fold else None)
     act = non_linearity if activation else None
     with phase("pointwise+gelu"):
         recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or pointwise.weight.requires_grad)
@@ -61,7 +63,7 @@ def fno_block(
         if recorded:
             bias = None if pointwise.bias is None else pointwise.replicated(pointwise.bias)
             return pointwise_activation(pointwise.replicated(pointwise.weight), bias, x, y, act)
-        return accumulate_in_place(pointwise.weight, pointwise.bias, x, y, act)
+        return accumulate_in_place(pointwise.weight, None if fold else pointwise.bias, x, y, act)
 
 
 def _channels(option: str, ratio: float, width: int, allow_zero: bool) -> int:

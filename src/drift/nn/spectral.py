@@ -371,20 +371,32 @@ class SpectralConv(ComplexModule):
             )
         return layout_of(x, d, self.mesh, self.input_placements)
 
-    def forward_local(self, x: torch.Tensor, layout: Layout, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_local(
+        self, x: torch.Tensor, layout: Layout, *, out: torch.Tensor | None = None, constant: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The convolution of this rank's block ``x`` ``(b, in, *layout.local_shape)`` of a field laid out
         as ``layout``; returns ``(b, out, *layout.local_shape)``, written into ``out`` when given (a
         preallocated contiguous tensor of that shape, outside autograd: "drift" writes its inverse there,
-        the dfno methods copy). Under autocast it runs, and returns, in the weight's precision."""
+        the dfno methods copy). With ``out``, ``constant`` ``(out,)`` (e.g. the bias of a pointwise layer
+        whose output is added to this one) is added to every point too; "drift" adds it and its own bias
+        to the constant mode before the inverse (``folds_constants``), sparing a pass over the output.
+        Under autocast it runs, and returns, in the weight's precision."""
         if x.shape[2:] != layout.local_shape:
             raise PlanError(f"expected a block ending in {layout.local_shape}, got shape {tuple(x.shape)}")
         self._precision()
+        if constant is not None and out is None:
+            raise PlanError("SpectralConv.forward_local: constant= is for outputs written into out=")
         if out is not None:
             if torch.is_autocast_enabled(x.device.type):
                 raise PlanError("SpectralConv: out= is not supported under torch.autocast")
-            y = self._convolve(x, layout, out)
             if self.bias is not None:
-                y.add_(replicate_over(self.mesh, self.bias).view(-1, *[1] * self.ndim))
+                bias = replicate_over(self.mesh, self.bias)
+                constant = bias if constant is None else bias + constant
+            if constant is not None and self.folds_constants(layout):
+                return self._convolve(x, layout, out, constant)
+            y = self._convolve(x, layout, out)
+            if constant is not None:
+                y.add_(constant.view(-1, *[1] * self.ndim))
             return y
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
@@ -396,6 +408,11 @@ class SpectralConv(ComplexModule):
                 "half-precision parameters are not supported; keep them in float32 and use torch.autocast"
             )
         return self._add_bias(self._convolve(x, layout))
+
+    def folds_constants(self, layout: Layout) -> bool:
+        """Whether ``forward_local(out=...)`` adds constants in the spectrum: "drift" on a real or complex
+        field whose kept modes hold frequency 0 on every dim."""
+        return self.method == "drift" and self.plan(layout).has_constant_mode
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         if self.bias is None:
@@ -424,7 +441,11 @@ class SpectralConv(ComplexModule):
             return w[(slice(None), slice(None), *(p.to(w.device) for p in positions))]
         return w
 
-    def _convolve(self, x: torch.Tensor, layout: Layout, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _convolve(
+        self, x: torch.Tensor, layout: Layout, out: torch.Tensor | None = None, constant: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The convolution's output (into ``out`` when given); "drift" adds ``constant`` ``(out,)`` to every
+        point through the constant mode."""
         plan = self.plan(layout)
         if out is not None and self.method != "drift":
             return out.copy_(self._convolve(x, layout))
@@ -435,6 +456,8 @@ class SpectralConv(ComplexModule):
                 shares = plan(x, sharded=True)  # (b, in, k1_loc, K2, ..., Kd)
             with phase("multiply"):
                 mixed = mix_channels(shares, w)
+                if constant is not None:
+                    plan.add_constant_(mixed, constant, sharded=True)
             with phase("transform"):
                 return plan.inverse(mixed, sharded=True, out=out)
         padding = self.padding_at(layout.global_shape)
