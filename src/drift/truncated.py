@@ -527,8 +527,8 @@ class TruncatedFFT(ComplexModule):
         for start in range(0, rows, chunk):
             piece = t[start : start + chunk]
             for i, stage in enumerate(stages):
-                out = result[start : start + chunk] if i == len(stages) - 1 else None
-                piece = _apply(piece, stage, matrices[i], self._workspace, (name, i), out=out)
+                target = result[start : start + chunk] if i == len(stages) - 1 else None
+                piece = _apply(piece, stage, matrices[i], self._workspace, (name, i), out=target)
         return result
 
     def partial_spectrum(self, x_local: torch.Tensor) -> torch.Tensor:

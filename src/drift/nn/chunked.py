@@ -179,6 +179,13 @@ def accumulate_in_place(
     return y
 
 
+def _activate_into(act: Activation, h: torch.Tensor, out: torch.Tensor) -> None:
+    if _is_exact_gelu(act):
+        torch.ops.aten.gelu.out(h, approximate="none", out=out)
+    else:
+        out.copy_(act(h))
+
+
 class _PointwiseActivation(torch.autograd.Function):
     """``out = act(z)``, ``z = y + W x + b``, on ``(b, c, *spatial)`` blocks, a chunk of ``step`` points at a
     time. ``z`` overwrites ``y`` (which its caller hands over) and is saved with ``x``; the backward pass
@@ -197,10 +204,8 @@ class _PointwiseActivation(torch.autograd.Function):
             torch.baddbmm(flat_y[..., s : s + step], w, flat_x[..., s : s + step], out=z)
             if bias is not None:
                 z.add_(bias[None, :, None])
-            if _is_exact_gelu(act):
-                torch.ops.aten.gelu.out(z, approximate="none", out=target)
-            elif act is not None:
-                target.copy_(act(z))
+            if act is not None:
+                _activate_into(act, z, target)
         ctx.act, ctx.step = act, step
         ctx.save_for_backward(x, weight, None if act is None else y)
         return out
@@ -273,13 +278,6 @@ def pointwise_activation(
     per_point = 2 * y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size()  # x, y, out; backward g, z, x, grad x
     step = _points_per_chunk(y.device, per_point, chunk_bytes)
     return _PointwiseActivation.apply(non_linearity, step, x, y, weight, bias)
-
-
-def _activate_into(act: Activation, h: torch.Tensor, out: torch.Tensor) -> None:
-    if _is_exact_gelu(act):
-        torch.ops.aten.gelu.out(h, approximate="none", out=out)
-    else:
-        out.copy_(act(h))
 
 
 class _ChunkedMLP(torch.autograd.Function):
