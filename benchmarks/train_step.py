@@ -2,11 +2,13 @@
 process: time and peak memory, this tree against ``--before``, side by side.
 
 Each measurement is a fresh process (so that its peak resident memory is the step's), rounds alternating
-the two source trees (``--before`` extracted with ``git archive``); it reports the fastest of two steps,
-the peak RSS and the loss (which must agree), and the ratios after / before. ``--what block``: one FNO
-block (``fno_block``, width 20), the fastest of three forwards and backwards, on one process or
-(``--ranks P``) on a slab over P Gloo ranks started by torchrun, each with ``--threads`` threads; wall
-seconds (between barriers) and rank 0's CPU seconds, the steadier figure on a loaded machine.
+the two source trees (``--before`` extracted with ``git archive``); it reports the fastest of three steps
+(the first maps every tensor afresh) with its phases (recorded forward, backward, optimizer) and the
+memory it page-faulted, the peak RSS and the loss (which must agree), and the ratios after / before.
+``--what block``: one FNO block (``fno_block``, width 20), the fastest of three forwards and backwards,
+on one process or (``--ranks P``) on a slab over P Gloo ranks started by torchrun, each with
+``--threads`` threads; wall seconds (between barriers) and rank 0's CPU seconds, the steadier figure on a
+loaded machine.
 
     python benchmarks/train_step.py --before e7b7ebe --shape 64x64x32x30 --rounds 2 --json results/train_step.json
     python benchmarks/train_step.py --before e7b7ebe --what block --rounds 2
@@ -27,7 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP_KEYS = ("step_s", "forward_s", "peak_gb", "base_gb", "loss")
+PHASES = ("recorded_forward", "backward", "optimizer")
+STEP_KEYS = ("step_s", "forward_s", "peak_gb", "base_gb", "loss", "fault_gb", *(f"{p}_s" for p in PHASES))
 BLOCK_KEYS = ("forward_s", "backward_s", "forward_cpu_s", "backward_cpu_s")
 
 
@@ -81,7 +84,12 @@ def _block_worker(shape: tuple[int, ...], threads: int) -> None:
         print("RESULT", json.dumps(dict(fastest, sum=float(y.sum()))))
 
 
-def _worker(shape: tuple[int, ...], threads: int) -> None:
+def _mark() -> tuple[float, int]:
+    """Wall seconds and this process's minor page faults so far."""
+    return time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _worker(shape: tuple[int, ...], threads: int, steps_run: int = 3) -> None:
     import torch
 
     from drift.nn import FNO
@@ -93,13 +101,16 @@ def _worker(shape: tuple[int, ...], threads: int) -> None:
     x, y = torch.randn(1, 5, *shape), torch.randn(1, 5, *shape)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     steps = []
-    for _ in range(2):
-        began = time.perf_counter()
+    for _ in range(steps_run):
+        marks = [_mark()]
         loss = torch.nn.functional.mse_loss(model(x), y)
+        marks.append(_mark())
         optimizer.zero_grad()
         loss.backward()
+        marks.append(_mark())
         optimizer.step()
-        steps.append(time.perf_counter() - began)
+        marks.append(_mark())
+        steps.append(marks)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     forwards = []
     with torch.no_grad():
@@ -107,7 +118,17 @@ def _worker(shape: tuple[int, ...], threads: int) -> None:
             began = time.perf_counter()
             model(x)
             forwards.append(time.perf_counter() - began)
-    result = dict(step_s=min(steps), forward_s=min(forwards), peak_gb=peak / 1e9, base_gb=before / 1e9)
+    fastest = min(steps, key=lambda marks: marks[-1][0] - marks[0][0])
+    (began, faults), *ends = fastest
+    phases = {f"{name}_s": end[0] - start[0] for name, start, end in zip(PHASES, fastest[:-1], ends, strict=True)}
+    result = dict(
+        step_s=ends[-1][0] - began,
+        forward_s=min(forwards),
+        peak_gb=peak / 1e9,
+        base_gb=before / 1e9,
+        fault_gb=(ends[-1][1] - faults) * resource.getpagesize() / 1e9,
+        **phases,
+    )
     print("RESULT", json.dumps(dict(result, loss=loss.item())))
 
 
@@ -155,7 +176,8 @@ def main() -> None:
     for name, s in summary.items():
         peak = f"peak RSS {s['peak_gb']:6.2f} GB (model and data {s['base_gb']:.2f})"
         step = f"step {s['step_s']:6.2f} s ({s['step_s'] / s['forward_s']:.1f}x its forward, {s['forward_s']:.2f} s)"
-        print(f"{name:6s} {step}  {peak}  loss {s['loss']:.7f}")
+        parts = ", ".join(f"{p.replace('_', ' ')} {s[f'{p}_s']:.2f}" for p in PHASES)
+        print(f"{name:6s} {step}  [{parts}; page faults {s['fault_gb']:.2f} GB]  {peak}  loss {s['loss']:.7f}")
     b, a = summary["before"], summary["after"]
     grown = lambda s: s["peak_gb"] - s["base_gb"]  # noqa: E731
     print(

@@ -26,7 +26,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from drift import comm
+from drift import comm, memory
 from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
 from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
@@ -523,7 +523,7 @@ class TruncatedFFT(ComplexModule):
         for stage in stages:
             sizes[stage.dim] = stage.out
         result_dtype = self.dtype if stages[-1].kind == "real_out" else self.complex_dtype
-        result = t.new_empty((rows, *sizes), dtype=result_dtype) if out is None else out.view(rows, *sizes)
+        result = memory.empty((rows, *sizes), result_dtype, t.device) if out is None else out.view(rows, *sizes)
         for start in range(0, rows, chunk):
             piece = t[start : start + chunk]
             for i, stage in enumerate(stages):

@@ -25,6 +25,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
+from drift import memory
 from drift._plan import Workspace
 from drift.nn.pointwise import activate
 
@@ -83,7 +84,7 @@ def mlp_unrecorded(
     of points at a time through one resident hidden buffer of ``work``: the hidden layer never exists for
     the whole block and nothing is allocated per chunk. Returns a fresh ``(b, c_out, *spatial)``."""
     flat = _flat(x)
-    out = x.new_empty(x.shape[0], w2.shape[0], flat.shape[2])
+    out = memory.empty((x.shape[0], w2.shape[0], flat.shape[2]), x.dtype, x.device)
     hidden = w1.shape[0]
     step = _points_per_chunk(x.device, hidden * x.element_size())
     buffer = work.get(("mlp_hidden",), (hidden * step,), x.dtype, x.device)
@@ -108,7 +109,7 @@ class _Chunked(torch.autograd.Function):
     def forward(ctx, fn: PointwiseFn, step: int, out_channels: int, x: torch.Tensor, *params: torch.Tensor):
         ctx.fn, ctx.step = fn, step
         ctx.save_for_backward(x, *params)
-        out = x.new_empty(x.shape[0], out_channels, x.shape[2])
+        out = memory.empty((x.shape[0], out_channels, x.shape[2]), x.dtype, x.device)
         for s in range(0, x.shape[2], step):
             out[..., s : s + step] = fn(x[..., s : s + step], *params)
         return out
@@ -119,7 +120,7 @@ class _Chunked(torch.autograd.Function):
         leaves = [p.detach().requires_grad_(p.requires_grad) for p in params]
         wanted = [p for p in leaves if p.requires_grad]
         grads = [torch.zeros_like(p) for p in wanted]
-        grad_x = torch.empty_like(x) if ctx.needs_input_grad[3] else None
+        grad_x = memory.empty_like(x) if ctx.needs_input_grad[3] else None
         for s in range(0, x.shape[2], ctx.step):
             part = x[..., s : s + ctx.step].detach().requires_grad_(grad_x is not None)
             with torch.enable_grad():
@@ -195,7 +196,7 @@ class _PointwiseActivation(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, act: Activation | None, step: int, x: torch.Tensor, y: torch.Tensor, weight, bias):
-        out = torch.empty_like(y)
+        out = memory.empty_like(y)
         flat_x, flat_y, flat_out = _flat(x), _flat(y), _flat(out)
         w = weight.expand(x.shape[0], -1, -1)
         for s in range(0, flat_y.shape[2], step):
@@ -222,7 +223,7 @@ class _PointwiseActivation(torch.autograd.Function):
             ) from error
         act, step = ctx.act, ctx.step
         need_x, need_y, need_w, need_b = ctx.needs_input_grad[2:]
-        grad_x = torch.empty_like(x) if need_x else None
+        grad_x = memory.empty_like(x) if need_x else None
         grad_wb = x.new_zeros(x.shape[0], weight.shape[0], weight.shape[1]) if need_w else None
         grad_b = x.new_zeros(weight.shape[0]) if need_b else None
         flat_x, flat_grad = _flat(x), _flat(grad)
@@ -251,6 +252,29 @@ class _PointwiseActivation(torch.autograd.Function):
         grad_y = (grad if act is None else z) if need_y else None
         grad_w = None if grad_wb is None else grad_wb.sum(0)
         return None, None, grad_x, grad_y, grad_w, grad_b
+
+
+class _Branch(torch.autograd.Function):
+    """``x`` handed to two consumers, their gradients summed into a pooled tensor (``drift.memory``):
+    autograd's own sum is in place only into a tensor whose storage nothing else holds, so it would make
+    a fresh block-sized tensor whenever the first gradient came from the pool."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor):
+        return x.view_as(x), x.view_as(x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, first: torch.Tensor | None, second: torch.Tensor | None):
+        if first is None or second is None:
+            return second if first is None else first
+        return torch.add(first, second, out=memory.empty_like(first))
+
+
+def branch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two aliases of ``x`` for two consumers; the backward pass sums their gradients into one tensor
+    from ``drift.memory``'s pool."""
+    return _Branch.apply(x)
 
 
 def pointwise_activation(
@@ -292,7 +316,7 @@ class _ChunkedMLP(torch.autograd.Function):
         ctx.act, ctx.step = act, step
         ctx.save_for_backward(x, w1, b1, w2, b2)
         batch, width, hidden = x.shape[0], w1.shape[1], w1.shape[0]
-        out = x.new_empty(batch, w2.shape[0], *x.shape[2:])
+        out = memory.empty((batch, w2.shape[0], *x.shape[2:]), x.dtype, x.device)
         flat_x, flat_out = _flat(x), _flat(out)
         w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(batch, -1, -1)
         w2 = w2.expand(batch, -1, -1)
@@ -320,7 +344,7 @@ class _ChunkedMLP(torch.autograd.Function):
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[2:]
         batch, width, hidden = x.shape[0], w1.shape[1], w1.shape[0]
         flat_x, flat_grad = _flat(x), _flat(grad)
-        grad_x = torch.empty_like(x) if need_x else None
+        grad_x = memory.empty_like(x) if need_x else None
         flat_grad_x = None if grad_x is None else _flat(grad_x)
         grad_w1_b1 = x.new_zeros(batch, hidden, width + 1) if need_w1 or need_b1 else None
         grad_w2 = x.new_zeros(batch, *w2.shape) if need_w2 else None

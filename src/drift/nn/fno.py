@@ -13,7 +13,14 @@ from torch.nn import functional as F
 from drift._plan import Workspace
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
-from drift.nn.chunked import accumulate_in_place, chunked_mlp, chunked_pointwise, mlp_unrecorded, pointwise_activation
+from drift.nn.chunked import (
+    accumulate_in_place,
+    branch,
+    chunked_mlp,
+    chunked_pointwise,
+    mlp_unrecorded,
+    pointwise_activation,
+)
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
 from drift.nn.norm import NORMS, GlobalNorm
 from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
@@ -53,16 +60,18 @@ def fno_block(
     path."""
     # Outside autograd, drift adds W's bias to K's constant mode, sparing a pass over the block.
     fold = out is not None and pointwise.bias is not None and spectral.folds_constants(layout)
-    y = spectral.forward_local(x, layout, out=out, constant=pointwise.bias if fold else None)
+    fused = not x.is_complex() and not torch.is_autocast_enabled(x.device.type)
+    x_spectral, x_skip = branch(x) if fused and torch.is_grad_enabled() and x.requires_grad else (x, x)
+    y = spectral.forward_local(x_spectral, layout, out=out, constant=pointwise.bias if fold else None)
     act = non_linearity if activation else None
     with phase("pointwise+gelu"):
         recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or pointwise.weight.requires_grad)
-        if torch.is_autocast_enabled(x.device.type) or (recorded and y.is_complex()):
+        if not fused:
             y = pointwise(x, add=y)
             return activate(non_linearity, y) if activation else y
         if recorded:
             bias = None if pointwise.bias is None else pointwise.replicated(pointwise.bias)
-            return pointwise_activation(pointwise.replicated(pointwise.weight), bias, x, y, act)
+            return pointwise_activation(pointwise.replicated(pointwise.weight), bias, x_skip, y, act)
         return accumulate_in_place(pointwise.weight, None if fold else pointwise.bias, x, y, act)
 
 

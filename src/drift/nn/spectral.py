@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from drift import comm
+from drift import comm, memory
 from drift._plan import ComplexModule, complex_dtype, real_dtype
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
@@ -108,7 +108,12 @@ class _MixChannels(torch.autograd.Function):
             grad_x = torch.conj_physical(mix_channels(torch.conj_physical(grad), w.transpose(0, 1)))
         if ctx.needs_input_grad[1]:
             x_conj = torch.conj_physical(x)
-            grad_w = torch.zeros_like(w) if x.shape[0] == 0 else x_conj[0].unsqueeze(1) * grad[0]
+            if x.shape[0] == 0:
+                grad_w = torch.zeros_like(w)
+            elif torch.is_grad_enabled():  # a double backward records the product
+                grad_w = x_conj[0].unsqueeze(1) * grad[0]
+            else:
+                grad_w = torch.mul(x_conj[0].unsqueeze(1), grad[0], out=memory.empty_like(w))
             for b in range(1, x.shape[0]):  # a data-parallel rank may hold no trajectory of a batch
                 grad_w.addcmul_(x_conj[b].unsqueeze(1), grad[b])
         return grad_x, grad_w

@@ -1,0 +1,105 @@
+"""Large CPU tensors reused between calls: a small caching allocator for the tensors drift hands to
+autograd (a block's activations, its gradients, the spectral weights' gradients).
+
+On the CPU glibc maps every allocation above its mmap threshold (at most 32 MiB) afresh and the kernel
+zero-fills its pages on first touch, so each block-sized tensor of a training step pays its page faults
+again on every step: 0.4 to 3 s per GB on this project's 2-core VM, more than the step's arithmetic.
+``empty`` hands out the storage of an earlier tensor that nothing references any more (its storage use
+count is the pool's own reference alone), so from the second step on these tensors cost no faults. The
+pool holds at most what was live at once plus what went unused for ``STALE_TAKES`` requests; CUDA has
+its own caching allocator, and small tensors reuse glibc's heap, so both get ``torch.empty``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from dataclasses import dataclass
+
+import torch
+
+MIN_BYTES = 32 * 2**20  # glibc's largest mmap threshold: smaller tensors come from its heap
+STALE_TAKES = 256  # a free storage not handed out in this many requests is released
+
+
+@dataclass
+class _Entry:
+    storage: torch.UntypedStorage
+    last_take: int
+    python_refs: int = 0
+
+    @classmethod
+    def new(cls, nbytes: int, device: torch.device, take: int) -> _Entry:
+        entry = cls(torch.UntypedStorage(nbytes, device=device), take)
+        entry.python_refs = sys.getrefcount(entry.storage)  # the entry's, as is_free counts
+        return entry
+
+    def is_free(self) -> bool:
+        """Whether nothing but the pool holds the storage: no tensor (a view, a saved tensor, a numpy
+        array's base all hold one), and no Python reference to the storage object itself (which
+        ``Tensor.untyped_storage()`` returns, the same object for every tensor on it)."""
+        tensors_free = torch._C._storage_Use_Count(self.storage._cdata) == 1
+        return tensors_free and sys.getrefcount(self.storage) == self.python_refs
+
+
+class TensorPool:
+    """Storages of large CPU tensors, handed out again once only the pool references them."""
+
+    def __init__(self) -> None:
+        self._entries: list[_Entry] = []
+        self._takes = 0
+        self._lock = threading.Lock()
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        """An uninitialised contiguous ``shape`` tensor of ``dtype`` on ``device`` (not a view: autograd
+        treats it as a fresh tensor)."""
+        shape, device = tuple(shape), torch.device(device)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if device.type != "cpu" or nbytes < MIN_BYTES:
+            return torch.empty(shape, dtype=dtype, device=device)
+        with self._lock:
+            self._takes += 1
+            entry = next((e for e in self._entries if e.storage.nbytes() == nbytes and e.is_free()), None)
+            if entry is None:
+                self._entries = [e for e in self._entries if not (e.is_free() and self._stale(e))]
+                entry = _Entry.new(nbytes, device, self._takes)
+                self._entries.append(entry)
+            entry.last_take = self._takes
+            return torch.empty(0, dtype=dtype, device=device).set_(entry.storage, 0, shape)
+
+    def _stale(self, entry: _Entry) -> bool:
+        return self._takes - entry.last_take > STALE_TAKES
+
+    def empty_cache(self) -> None:
+        """Release every storage that nothing but the pool references."""
+        with self._lock:
+            self._entries = [e for e in self._entries if not e.is_free()]
+
+    def cached_bytes(self) -> int:
+        """Bytes the pool holds, in use or free."""
+        with self._lock:
+            return sum(e.storage.nbytes() for e in self._entries)
+
+
+_POOL = TensorPool()
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)``, from the process's pool for a large CPU tensor."""
+    return _POOL.empty(shape, dtype, device)
+
+
+def empty_like(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous uninitialised tensor of ``t``'s shape, dtype and device (``empty``)."""
+    return _POOL.empty(tuple(t.shape), t.dtype, t.device)
+
+
+def empty_cache() -> None:
+    """Release the pooled storages no tensor uses (as ``torch.cuda.empty_cache`` does for CUDA's)."""
+    _POOL.empty_cache()
+
+
+def cached_bytes() -> int:
+    """Bytes held by the process's pool, in use or free."""
+    return _POOL.cached_bytes()

@@ -1,0 +1,108 @@
+"""``drift.memory``: large CPU tensors handed out again only once nothing references their storage, and
+FNO training steps through pooled tensors equal to the model written out op by op."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from reference import random_tensor, rel_err
+from test_block import _unfused_fno
+
+from drift import memory
+from drift.nn import FNO
+
+BIG = (memory.MIN_BYTES // 4,)  # float32 elements of the smallest pooled tensor
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """A fresh pool in place of the process's."""
+    fresh = memory.TensorPool()
+    monkeypatch.setattr(memory, "_POOL", fresh)
+    return fresh
+
+
+def test_a_released_storage_is_handed_out_again(pool):
+    a = memory.empty(BIG, torch.float32)
+    address = a.data_ptr()
+    del a
+    b = memory.empty((BIG[0] // 2, 2), torch.float32)
+    assert b.data_ptr() == address and b.shape == (BIG[0] // 2, 2) and b.is_contiguous()
+    assert b._base is None  # not a view: autograd treats it as a fresh tensor
+    c = memory.empty(BIG, torch.int32)  # same bytes, another dtype: b still holds the first storage
+    assert c.data_ptr() != address and pool.cached_bytes() == 2 * memory.MIN_BYTES
+
+
+@pytest.mark.parametrize("holder", ["view", "autograd", "numpy", "storage"])
+def test_a_referenced_storage_is_never_handed_out(pool, holder):
+    a = memory.empty(BIG, torch.float32)
+    address = a.data_ptr()
+    if holder == "view":
+        kept = a[::2]
+    elif holder == "autograd":
+        leaf = torch.ones((), requires_grad=True)
+        kept = torch.mul(leaf, a).grad_fn  # saves a for leaf's gradient
+    elif holder == "numpy":
+        kept = a.numpy()
+    else:
+        kept = a.untyped_storage()
+    del a
+    gc.collect()
+    b = memory.empty(BIG, torch.float32)
+    assert b.data_ptr() != address
+    del kept, b
+    gc.collect()
+    assert memory.empty(BIG, torch.float32).data_ptr() == address
+
+
+def test_small_tensors_and_other_devices_bypass_the_pool(pool):
+    small = memory.empty((BIG[0] - 1,), torch.float32)
+    assert small.shape == (BIG[0] - 1,) and pool.cached_bytes() == 0
+    meta = memory.empty(BIG, torch.float32, "meta")
+    assert meta.device.type == "meta" and pool.cached_bytes() == 0
+
+
+def test_empty_cache_and_stale_storages_are_released(pool, monkeypatch):
+    held = memory.empty(BIG, torch.float32)
+    memory.empty((2 * BIG[0],), torch.float32)  # released at once
+    assert pool.cached_bytes() == 3 * memory.MIN_BYTES
+    memory.empty_cache()
+    assert pool.cached_bytes() == memory.MIN_BYTES  # the one still referenced stays
+    del held
+    monkeypatch.setattr(memory, "STALE_TAKES", 2)
+    memory.empty((2 * BIG[0],), torch.float32)
+    for _ in range(3):  # the first storage goes unused for 3 requests, then a miss releases it
+        memory.empty((2 * BIG[0],), torch.float32)
+    memory.empty((3 * BIG[0],), torch.float32)
+    assert pool.cached_bytes() == 5 * memory.MIN_BYTES
+
+
+def test_fno_training_steps_through_pooled_tensors(pool, monkeypatch):
+    """Every tensor pooled (``MIN_BYTES`` 0): three SGD steps, each step's gradients against the model
+    written out op by op (``test_block._unfused_fno``, outside the pool's reach at the default
+    threshold), so that a storage handed out while still in use would show."""
+    torch.manual_seed(3)
+    model = FNO(2, 3, 6, (2, 2, 3), n_layers=3, dtype=torch.float64)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 12).requires_grad_(True)
+    grad = random_tensor((2, 3, 9, 8, 6), torch.float64, 13)
+    threshold = memory.MIN_BYTES
+    for step in range(3):
+        monkeypatch.setattr(memory, "MIN_BYTES", 0)
+        model(x).backward(grad)
+        got = {name: p.grad for name, p in model.named_parameters()}
+        got_x = x.grad
+        model.zero_grad()
+        x.grad = None
+        monkeypatch.setattr(memory, "MIN_BYTES", threshold)
+        _unfused_fno(model, x).backward(grad)
+        assert rel_err(got_x, x.grad) <= 1e-12, step
+        for name, p in model.named_parameters():
+            assert rel_err(got[name], p.grad) <= 1e-12, (step, name)
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+        model.zero_grad()
+        x.grad = None
+    assert pool.cached_bytes() > 0
