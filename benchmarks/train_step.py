@@ -96,8 +96,12 @@ def _worker(shape: tuple[int, ...], threads: int, steps_run: int = 3) -> None:
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    try:  # drift's fused step where the tree has it, torch's Adam before
+        from drift.optim import Adam
+    except ImportError:
+        Adam = torch.optim.Adam
     model = FNO(5, 5, 20, (8, 8, 8, 16), n_layers=4)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = Adam(model.parameters(), lr=1e-3)
     x, y = torch.randn(1, 5, *shape), torch.randn(1, 5, *shape)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     steps = []
@@ -129,7 +133,7 @@ def _worker(shape: tuple[int, ...], threads: int, steps_run: int = 3) -> None:
         fault_gb=(ends[-1][1] - faults) * resource.getpagesize() / 1e9,
         **phases,
     )
-    print("RESULT", json.dumps(dict(result, loss=loss.item())))
+    print("RESULT", json.dumps(dict(result, loss=loss.item(), optimizer=f"{Adam.__module__}.{Adam.__name__}")))
 
 
 def _measure(tree: Path, what: str, shape: str, threads: int, ranks: int = 1) -> dict:
@@ -178,6 +182,7 @@ def main() -> None:
         step = f"step {s['step_s']:6.2f} s ({s['step_s'] / s['forward_s']:.1f}x its forward, {s['forward_s']:.2f} s)"
         parts = ", ".join(f"{p.replace('_', ' ')} {s[f'{p}_s']:.2f}" for p in PHASES)
         print(f"{name:6s} {step}  [{parts}; page faults {s['fault_gb']:.2f} GB]  {peak}  loss {s['loss']:.7f}")
+        print(f"       optimizer {runs[name][0]['optimizer']}")
     b, a = summary["before"], summary["after"]
     grown = lambda s: s["peak_gb"] - s["base_gb"]  # noqa: E731
     print(

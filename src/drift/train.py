@@ -13,8 +13,9 @@ one device from ``torch.manual_seed(seed)`` and then parallelized over the mesh 
 DTensors), so the same seed gives the same run on any number of ranks and any mesh.
 
 Model: neuraloperator 2.0's FNO options (``--model neuralop``, ``FNO.neuralop_defaults``) or Li et al.'s
-plain FNO (``--model plain``). Optimizer: AdamW with ``--weight-decay`` (Adam at 0), its learning rate
-``--lr`` constant or cosine-annealed to 0 over the run's optimizer steps (``--schedule``).
+plain FNO (``--model plain``). Optimizer: AdamW with ``--weight-decay`` (Adam at 0; ``drift.optim``'s
+fused step), its learning rate ``--lr`` constant or cosine-annealed to 0 over the run's optimizer steps
+(``--schedule``).
 
 Loss: the mean squared error over the global batch (each rank's loss is its share of the sum, so
 their sum is the global loss, torch.distributed's convention; drift sums the gradients over the mesh
@@ -50,7 +51,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from drift import comm
+from drift import comm, optim
 from drift._plan import resolve_device
 from drift.checkpoint import (
     CheckpointError,
@@ -561,10 +562,11 @@ class PhaseClock:
 
 def make_optimizer(config: TrainConfig, model: FNO) -> torch.optim.Optimizer:
     """Adam at ``--lr``, or AdamW (decoupled weight decay, as neuraloperator's trainer) when
-    ``--weight-decay`` is above 0."""
+    ``--weight-decay`` is above 0: torch's, stepped by its fused kernel on the complex spectral weights
+    too (``drift.optim``)."""
     if config.weight_decay > 0:
-        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.Adam(model.parameters(), lr=config.lr)
+        return optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return optim.Adam(model.parameters(), lr=config.lr)
 
 
 def learning_rate(config: TrainConfig, step: int, total: int) -> float:

@@ -82,7 +82,8 @@ def mlp_unrecorded(
 ) -> torch.Tensor:
     """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a chunk (``CHUNK_BYTES``)
     of points at a time through one resident hidden buffer of ``work``: the hidden layer never exists for
-    the whole block and nothing is allocated per chunk. Returns a fresh ``(b, c_out, *spatial)``."""
+    the whole block and nothing is allocated per chunk. Returns a fresh ``(b, c_out, *spatial)``
+    (``drift.memory``)."""
     flat = _flat(x)
     out = memory.empty((x.shape[0], w2.shape[0], flat.shape[2]), x.dtype, x.device)
     hidden = w1.shape[0]
@@ -305,30 +306,18 @@ def pointwise_activation(
 
 
 class _ChunkedMLP(torch.autograd.Function):
-    """``W2 act(W1 x + b1) + b2`` on ``(b, c, *spatial)`` blocks, a chunk of ``step`` points at a time
-    through three chunk-sized buffers made once per call. The bias ``b1`` rides in the first gemm as a
-    column of ``W1`` against a row of ones below the chunk of ``x`` (a copy of ``c`` rows, where adding it
-    would touch every hidden row), which also makes ``b1``'s gradient a column of that gemm's. Saves
-    ``x`` alone; the backward pass recomputes each chunk's hidden layer."""
+    """``W2 act(W1 x + b1) + b2`` on ``(b, c, *spatial)`` blocks. The forward pass is the unrecorded one's
+    (``mlp_unrecorded``: one ``CHUNK_BYTES`` hidden buffer, the activation in place) and saves ``x``
+    alone. The backward pass recomputes the hidden layer ``step`` points at a time through three
+    chunk-sized buffers made once per call, the bias ``b1`` riding in the first gemm as a column of ``W1``
+    against a row of ones below the chunk of ``x`` (a copy of ``c`` rows, where adding it would touch
+    every hidden row), which also makes ``b1``'s gradient a column of that gemm's."""
 
     @staticmethod
     def forward(ctx, act: Activation, step: int, x: torch.Tensor, w1, b1, w2, b2) -> torch.Tensor:
         ctx.act, ctx.step = act, step
         ctx.save_for_backward(x, w1, b1, w2, b2)
-        batch, width, hidden = x.shape[0], w1.shape[1], w1.shape[0]
-        out = memory.empty((batch, w2.shape[0], *x.shape[2:]), x.dtype, x.device)
-        flat_x, flat_out = _flat(x), _flat(out)
-        w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(batch, -1, -1)
-        w2 = w2.expand(batch, -1, -1)
-        ones_x, h, a = (x.new_empty(batch * rows * step) for rows in (width + 1, hidden, hidden))
-        for s in range(0, flat_x.shape[2], step):
-            m = min(step, flat_x.shape[2] - s)
-            xs = _ChunkedMLP._with_ones(_chunk_view(ones_x, batch, width + 1, m), flat_x[..., s : s + m])
-            hs, acts = _chunk_view(h, batch, hidden, m), _chunk_view(a, batch, hidden, m)
-            torch.bmm(w1_b1, xs, out=hs)
-            _activate_into(act, hs, acts)
-            torch.bmm(w2, acts, out=flat_out[..., s : s + m]).add_(b2[None, :, None])
-        return out
+        return mlp_unrecorded(x, w1, b1, w2, b2, act, Workspace())
 
     @staticmethod
     def _with_ones(buffer: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
