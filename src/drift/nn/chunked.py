@@ -335,7 +335,8 @@ class _ChunkedMLP(torch.autograd.Function):
         flat_x, flat_grad = _flat(x), _flat(grad)
         grad_x = memory.empty_like(x) if need_x else None
         flat_grad_x = None if grad_x is None else _flat(grad_x)
-        grad_w1_b1 = x.new_zeros(batch, hidden, width + 1) if need_w1 or need_b1 else None
+        # (W1 b1)'s gradient transposed: xs (g_h)^T runs at 1.7x the rate of g_h xs^T here (MKL, K = points).
+        grad_w1_b1_t = x.new_zeros(batch, width + 1, hidden) if need_w1 or need_b1 else None
         grad_w2 = x.new_zeros(batch, *w2.shape) if need_w2 else None
         grad_b2 = x.new_zeros(w2.shape[0]) if need_b2 else None
         w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(batch, -1, -1)
@@ -362,13 +363,13 @@ class _ChunkedMLP(torch.autograd.Function):
                 grad_w2.baddbmm_(g, acts.mT)
             if grad_b2 is not None:
                 grad_b2 += g.sum((0, 2))
-            if grad_w1_b1 is not None:
-                grad_w1_b1.baddbmm_(g_h, xs.mT)
+            if grad_w1_b1_t is not None:
+                grad_w1_b1_t.baddbmm_(xs, g_h.mT)
             if grad_x is not None:
                 torch.bmm(w1_t, g_h, out=flat_grad_x[..., s : s + m])
         grad_w1 = grad_b1 = None
-        if grad_w1_b1 is not None:
-            total = grad_w1_b1.sum(0)
+        if grad_w1_b1_t is not None:
+            total = grad_w1_b1_t.sum(0).T.contiguous()
             grad_w1, grad_b1 = (total[:, :width] if need_w1 else None), (total[:, width] if need_b1 else None)
         grad_w2 = None if grad_w2 is None else grad_w2.sum(0)
         return None, None, grad_x, grad_w1, grad_b1, grad_w2, grad_b2
