@@ -72,6 +72,24 @@ def test_without_bias_and_partial_gradients(act):
     assert rel_err(w.grad, ref_w.grad) <= 1e-12
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_without_y_is_the_pointwise_layer(dtype, bias):
+    """``y=None``: ``W x + b`` alone (PointwiseLinear's recorded path), in 7-point chunks."""
+    x, _, w, b = _inputs(dtype, bias=bias)
+    out = pointwise_activation(w, b, x, None, None, chunk_bytes=2 * 3 * (4 + 5) * dtype.itemsize * 7)
+    grad = random_tensor(out.shape, dtype, 7)
+    out.backward(grad)
+    refs = _leaves(x, w, b)
+    want = _unfused(refs[0], 0, *refs[1:], None) if bias else _unfused(refs[0], 0, refs[1], None, None)
+    want.backward(grad.double())
+    assert rel_err(out, want) <= TOL[dtype]
+    for got, ref in zip((x, w, b), refs, strict=False):
+        assert rel_err(got.grad, ref.grad) <= TOL[dtype]
+    with pytest.raises(ValueError, match="no non_linearity"):
+        pointwise_activation(w, b, x, None, F.gelu)
+
+
 def test_second_backward_raises_unless_saved_tensors_are_copied():
     x, y, w, b = _inputs(torch.float64)
     out = pointwise_activation(w, b, x, y.clone(), F.gelu, chunk_bytes=1)

@@ -27,7 +27,6 @@ from torch.nn import functional as F
 
 from drift import memory
 from drift._plan import Workspace
-from drift.nn.pointwise import activate
 
 # Intermediates per chunk. On the CPU below glibc's largest mmap threshold (32 MiB), so that chunks reuse
 # the heap instead of page-faulting fresh maps (benchmarks/projection.py: 16 MiB was the fastest of 2-16
@@ -38,6 +37,13 @@ OTHER_DEVICES_CHUNK_BYTES = 256 * 2**20
 
 PointwiseFn = Callable[..., torch.Tensor]
 Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+def activate(non_linearity: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``non_linearity(x)``; for complex ``x``, applied to the real and imaginary parts separately."""
+    if x.is_complex():
+        return torch.complex(non_linearity(x.real), non_linearity(x.imag))
+    return non_linearity(x)
 
 
 def _is_exact_gelu(non_linearity: Activation | None) -> bool:
@@ -192,18 +198,24 @@ class _PointwiseActivation(torch.autograd.Function):
     """``out = act(z)``, ``z = y + W x + b``, on ``(b, c, *spatial)`` blocks, a chunk of ``step`` points at a
     time. ``z`` overwrites ``y`` (which its caller hands over) and is saved with ``x``; the backward pass
     writes ``g * act'(z)``, the gradient of ``y``, over ``z``, so it runs once. Without ``act``, ``out``
-    is ``z`` and ``y`` is left alone. Tensors enter and leave whole, not as views: the gradient of ``x``
-    is then a plain tensor, into which autograd adds the spectral path's gradient in place."""
+    is ``z`` and ``y`` is left alone, or absent (None: ``out = W x + b``). Outputs and the gradient of
+    ``x`` are whole tensors from ``drift.memory``, not views."""
 
     @staticmethod
-    def forward(ctx, act: Activation | None, step: int, x: torch.Tensor, y: torch.Tensor, weight, bias):
-        out = memory.empty_like(y)
-        flat_x, flat_y, flat_out = _flat(x), _flat(y), _flat(out)
+    def forward(ctx, act: Activation | None, step: int, x: torch.Tensor, y: torch.Tensor | None, weight, bias):
+        out = memory.empty((x.shape[0], weight.shape[0], *x.shape[2:]), x.dtype, x.device)
+        flat_x, flat_out = _flat(x), _flat(out)
         w = weight.expand(x.shape[0], -1, -1)
-        for s in range(0, flat_y.shape[2], step):
+        for s in range(0, flat_out.shape[2], step):
             target = flat_out[..., s : s + step]
-            z = target if act is None else flat_y[..., s : s + step]
-            torch.baddbmm(flat_y[..., s : s + step], w, flat_x[..., s : s + step], out=z)
+            if y is None:
+                if bias is None:
+                    torch.bmm(w, flat_x[..., s : s + step], out=target)
+                else:
+                    torch.baddbmm(bias[None, :, None], w, flat_x[..., s : s + step], out=target)
+                continue
+            z = target if act is None else _flat(y)[..., s : s + step]
+            torch.baddbmm(_flat(y)[..., s : s + step], w, flat_x[..., s : s + step], out=z)
             if bias is not None:
                 z.add_(bias[None, :, None])
             if act is not None:
@@ -282,14 +294,15 @@ def pointwise_activation(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     x: torch.Tensor,
-    y: torch.Tensor,
+    y: torch.Tensor | None,
     non_linearity: Activation | None,
     chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """``non_linearity(y + W x + b)`` (no activation for None) for real ``x`` ``(b, in, *spatial)``, ``y``
-    ``(b, out, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, recorded by autograd as one node
-    that runs forward and backward a chunk of points at a time (``CHUNK_BYTES`` of them per chunk) and
-    allocates one full-size tensor each way: the output, and ``x``'s gradient.
+    ``(b, out, *spatial)`` (or None without an activation: ``W x + b``), ``W`` ``(out, in)``, ``b``
+    ``(out,)`` or None, recorded by autograd as one node that runs forward and backward a chunk of points
+    at a time (``CHUNK_BYTES`` of them per chunk) and allocates one full-size tensor each way from
+    ``drift.memory``: the output, and ``x``'s gradient.
 
     ``y`` must be referenced by nothing else (a fresh spectral output): with an activation it is
     overwritten by ``z = y + W x + b``, which the node saves with ``x``, and its backward writes
@@ -299,9 +312,11 @@ def pointwise_activation(
     autograd a chunk at a time in the backward pass, recomputing ``act`` on that chunk (the general path,
     not an approximation). Pass ``W`` and ``b`` through ``Replicated.replicated`` first to have their
     gradients summed over the mesh."""
-    x, y = x.contiguous(), y.contiguous()
-    per_point = 2 * y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size()  # x, y, out; backward g, z, x, grad x
-    step = _points_per_chunk(y.device, per_point, chunk_bytes)
+    if y is None and non_linearity is not None:
+        raise ValueError("pointwise_activation: y=None (W x + b alone) takes no non_linearity")
+    x, y = x.contiguous(), None if y is None else y.contiguous()
+    per_point = 2 * x.shape[0] * (x.shape[1] + weight.shape[0]) * x.element_size()  # x, y, out; g, z, x, grad x
+    step = _points_per_chunk(x.device, per_point, chunk_bytes)
     return _PointwiseActivation.apply(non_linearity, step, x, y, weight, bias)
 
 

@@ -15,6 +15,7 @@ from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
 from drift.nn.chunked import (
     accumulate_in_place,
+    activate,
     branch,
     chunked_mlp,
     chunked_pointwise,
@@ -23,7 +24,7 @@ from drift.nn.chunked import (
 )
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
 from drift.nn.norm import NORMS, GlobalNorm
-from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, activate, skip_connection
+from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, skip_connection
 from drift.nn.spectral import SpectralConv, layout_of
 from drift.profiling import phase
 from drift.truncated import ModeSpec

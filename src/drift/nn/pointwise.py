@@ -15,16 +15,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from drift._plan import complex_dtype
+from drift.nn.chunked import activate, pointwise_activation
 from drift.nn.replicated import Replicated
 
 SKIPS = ("linear", "identity", "soft-gating")
-
-
-def activate(non_linearity: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """``non_linearity(x)``; for complex ``x``, applied to the real and imaginary parts separately."""
-    if x.is_complex():
-        return torch.complex(non_linearity(x.real), non_linearity(x.imag))
-    return non_linearity(x)
 
 
 def _uniform(shape: tuple[int, ...], bound: float, complex_data: bool) -> torch.Tensor:
@@ -76,10 +70,13 @@ class PointwiseLinear(Replicated):
         dtype, outside autograd, without ``add``)."""
         weight = self.replicated(self.weight)
         bias = self.bias if self.bias is None else self.replicated(self.bias)
+        recorded = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if recorded and out is None and not x.is_complex() and not torch.is_autocast_enabled(x.device.type):
+            # One autograd node in chunks of points, its output and x's gradient from drift.memory.
+            return pointwise_activation(weight, bias, x, add, None)
         flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
         weight = weight.expand(x.shape[0], -1, -1)
         shape = (x.shape[0], self.weight.shape[0], *x.shape[2:])
-        recorded = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         if out is not None:
             if recorded or add is not None or tuple(out.shape) != shape or not out.is_contiguous():
                 raise ValueError(
