@@ -1,5 +1,6 @@
 """drift: distributed spectral operators for Fourier-domain neural networks."""
 
+from drift import memory, optim
 from drift.comm import Collective, CommLog, comm_log
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
@@ -18,6 +19,8 @@ __all__ = [
     "TruncatedFFT",
     "comm_log",
     "grid_mesh",
+    "memory",
+    "optim",
     "profile",
     "reduction_mesh",
 ]

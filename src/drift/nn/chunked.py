@@ -205,17 +205,18 @@ class _PointwiseActivation(torch.autograd.Function):
     def forward(ctx, act: Activation | None, step: int, x: torch.Tensor, y: torch.Tensor | None, weight, bias):
         out = memory.empty((x.shape[0], weight.shape[0], *x.shape[2:]), x.dtype, x.device)
         flat_x, flat_out = _flat(x), _flat(out)
+        flat_y = None if y is None else _flat(y)
         w = weight.expand(x.shape[0], -1, -1)
         for s in range(0, flat_out.shape[2], step):
             target = flat_out[..., s : s + step]
-            if y is None:
+            if flat_y is None:
                 if bias is None:
                     torch.bmm(w, flat_x[..., s : s + step], out=target)
                 else:
                     torch.baddbmm(bias[None, :, None], w, flat_x[..., s : s + step], out=target)
                 continue
-            z = target if act is None else _flat(y)[..., s : s + step]
-            torch.baddbmm(_flat(y)[..., s : s + step], w, flat_x[..., s : s + step], out=z)
+            z = target if act is None else flat_y[..., s : s + step]
+            torch.baddbmm(flat_y[..., s : s + step], w, flat_x[..., s : s + step], out=z)
             if bias is not None:
                 z.add_(bias[None, :, None])
             if act is not None:

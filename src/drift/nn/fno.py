@@ -61,13 +61,15 @@ def fno_block(
     path."""
     # Outside autograd, drift adds W's bias to K's constant mode, sparing a pass over the block.
     fold = out is not None and pointwise.bias is not None and spectral.folds_constants(layout)
-    fused = not x.is_complex() and not torch.is_autocast_enabled(x.device.type)
-    x_spectral, x_skip = branch(x) if fused and torch.is_grad_enabled() and x.requires_grad else (x, x)
+    autocast = torch.is_autocast_enabled(x.device.type)
+    # K's and W's gradients of x are summed into a pooled tensor (drift.nn.chunked.branch).
+    split = torch.is_grad_enabled() and x.requires_grad and not x.is_complex() and not autocast
+    x_spectral, x_skip = branch(x) if split else (x, x)
     y = spectral.forward_local(x_spectral, layout, out=out, constant=pointwise.bias if fold else None)
     act = non_linearity if activation else None
     with phase("pointwise+gelu"):
         recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or pointwise.weight.requires_grad)
-        if not fused:
+        if autocast or (recorded and y.is_complex()):
             y = pointwise(x, add=y)
             return activate(non_linearity, y) if activation else y
         if recorded:
