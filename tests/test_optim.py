@@ -33,6 +33,7 @@ OPTIONS = [dict(), dict(weight_decay=0.1, amsgrad=True), dict(weight_decay=0.05,
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_the_same_update_as_torch_loop(name, options, dtype):
     ours, theirs = PAIRS[name]
+    assert ours([torch.nn.Parameter(torch.zeros(1))]).defaults == theirs([torch.nn.Parameter(torch.zeros(1))]).defaults
     params, reference = _params(dtype), _params(dtype)
     _run(ours(params, lr=0.01, **options), params, range(4), dtype)
     _run(theirs(reference, lr=0.01, foreach=False, **options), reference, range(4), dtype)
@@ -60,6 +61,8 @@ def test_state_dicts_carry_over_both_ways(name):
 
 
 def test_refuses_what_the_fused_step_cannot_do():
+    with pytest.raises(TypeError, match="takes no foreach"):
+        optim.AdamW([torch.nn.Parameter(torch.zeros(3))], foreach=True)
     p = torch.nn.Parameter(torch.zeros(3))
     p.grad = torch.zeros(3).to_sparse()
     with pytest.raises(RuntimeError, match="sparse"):

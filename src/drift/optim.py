@@ -34,6 +34,12 @@ class _FusedStep:
     param_groups: list[dict]
     state: dict
 
+    def __init__(self, params, *args, **kwargs) -> None:
+        chosen = sorted({"foreach", "fused", "capturable", "differentiable"} & kwargs.keys())
+        if chosen:
+            raise TypeError(f"{type(self).__name__} always takes torch's fused step: it takes no {', '.join(chosen)}")
+        super().__init__(params, *args, **kwargs)
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = None
@@ -97,36 +103,9 @@ class _FusedStep:
 
 class Adam(_FusedStep, torch.optim.Adam):
     """``torch.optim.Adam`` (same arguments, defaults and state) whose step is torch's fused kernel, on
-    real views of complex parameters; ``foreach``, ``fused``, ``capturable`` and ``differentiable``
-    are not taken."""
-
-    def __init__(
-        self,
-        params,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        amsgrad: bool = False,
-        *,
-        maximize: bool = False,
-    ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+    real views of complex parameters."""
 
 
 class AdamW(_FusedStep, torch.optim.AdamW):
     """``torch.optim.AdamW`` (decoupled weight decay; same arguments, defaults and state) whose step is
     torch's fused kernel, on real views of complex parameters."""
-
-    def __init__(
-        self,
-        params,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
-        amsgrad: bool = False,
-        *,
-        maximize: bool = False,
-    ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
