@@ -3,7 +3,9 @@ autograd (a block's activations, its gradients, the spectral weights' gradients)
 
 On the CPU glibc maps every allocation above its mmap threshold (at most 32 MiB) afresh and the kernel
 zero-fills its pages on first touch, so each block-sized tensor of a training step pays its page faults
-again on every step: 0.4 to 3 s per GB on this project's 2-core VM, more than the step's arithmetic.
+again on every step (9.5 GB a step for the FNO of ``benchmarks/train_step.py`` before this pool, which
+cost more than the step's arithmetic on this project's 2-core VM).
+
 ``empty`` hands out the storage of an earlier tensor that nothing references any more (its storage use
 count is the pool's own reference alone), so from the second step on these tensors cost no faults. The
 pool holds at most what was live at once plus what went unused for ``STALE_TAKES`` requests; CUDA has
