@@ -70,13 +70,14 @@ def test_empty_cache_and_stale_storages_are_released(pool, monkeypatch):
     assert pool.cached_bytes() == 3 * memory.MIN_BYTES
     memory.empty_cache()
     assert pool.cached_bytes() == memory.MIN_BYTES  # the one still referenced stays
-    del held
     monkeypatch.setattr(memory, "STALE_TAKES", 2)
-    memory.empty((2 * BIG[0],), torch.float32)
-    for _ in range(3):  # the first storage goes unused for 3 requests, then a miss releases it
-        memory.empty((2 * BIG[0],), torch.float32)
-    memory.empty((3 * BIG[0],), torch.float32)
-    assert pool.cached_bytes() == 5 * memory.MIN_BYTES
+    kept = [memory.empty(BIG, torch.float32) for _ in range(2)]  # two more storages beside held's
+    del held, kept  # all three free: held's is taken again each time, the others go once unused for 2
+    memory.empty(BIG, torch.float32)
+    assert pool.cached_bytes() == 3 * memory.MIN_BYTES
+    for _ in range(2):
+        memory.empty(BIG, torch.float32)
+    assert pool.cached_bytes() == memory.MIN_BYTES
 
 
 def test_fno_training_steps_through_pooled_tensors(pool, monkeypatch):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 MIN_BYTES = 32 * 2**20  # glibc's largest mmap threshold: smaller tensors come from its heap
-STALE_TAKES = 256  # a free storage not handed out in this many requests is released
+STALE_TAKES = 256  # a free storage not handed out in the last this many requests is released
 
 
 @dataclass
@@ -64,10 +64,11 @@ class TensorPool:
             self._takes += 1
             entry = next((e for e in self._entries if e.storage.nbytes() == nbytes and e.is_free()), None)
             if entry is None:
-                self._entries = [e for e in self._entries if not (e.is_free() and self._stale(e))]
                 entry = _Entry.new(nbytes, device, self._takes)
                 self._entries.append(entry)
             entry.last_take = self._takes
+            # Storages freed in bulk (a list of kept outputs dropped) go back once left unused.
+            self._entries = [e for e in self._entries if not (self._stale(e) and e.is_free())]
             return torch.empty(0, dtype=dtype, device=device).set_(entry.storage, 0, shape)
 
     def _stale(self, entry: _Entry) -> bool:
