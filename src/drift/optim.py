@@ -58,10 +58,12 @@ class _FusedStep:
                 state = self._state(p, group["amsgrad"])
                 real = _real(p)
                 moments = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
-                tensors = (real, _real(p.grad), *(_real(state[k]) for k in moments))
-                for into, t in zip(lists[real.device, real.dtype], tensors, strict=False):
-                    into.append(t)
-                lists[real.device, real.dtype][5].append(state["step"])
+                params, grads, *states, steps = lists[real.device, real.dtype]
+                params.append(real)
+                grads.append(_real(p.grad))
+                for into, key in zip(states, moments, strict=False):  # max_exp_avg_sqs stays empty without amsgrad
+                    into.append(_real(state[key]))
+                steps.append(state["step"])
             beta1, beta2 = group["betas"]
             decoupled = group.get("decoupled_weight_decay", isinstance(self, torch.optim.AdamW))
             fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
