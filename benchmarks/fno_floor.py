@@ -55,8 +55,8 @@ def _stage_gemms(plan: TruncatedFFT, stages, rows: int, start: tuple[int, ...], 
         matrix = getattr(plan, stage.name)
         pos = stage.dim + 1
         shape = (chunk, *sizes)
-        lead, n, rest = math.prod(shape[:pos]), shape[pos], math.prod(shape[pos + 1 :])
-        k = 2 * n if stage.kind == "real_out" else n
+        lead, rest = math.prod(shape[:pos]), math.prod(shape[pos + 1 :])
+        k = matrix.shape[0] if stage.right else matrix.shape[1]  # the contracted extent (a folded stage's rows)
         out_rows = matrix.shape[1] if stage.right else matrix.shape[0]
         if stage.right:
             a, out = torch.randn(lead, k, dtype=matrix.dtype), torch.empty(lead, out_rows, dtype=matrix.dtype)

@@ -693,7 +693,8 @@ def test_auto_cost_model_counts_flops_and_bytes():
     shape, modes, local = (32, 16, 12), (4, 3, 5), (8, 16, 12)
     kept, m = (8, 6, 5), 8 * 6 * 5
     costs = {c.method: c for c in method_costs(shape, modes, (4, 1, 1), in_channels=3, out_channels=2, machine=CPU)}
-    assert costs["drift"].flops == 5 * drift.truncated.best_order(local, kept, True)[1]
+    rows = (5 + 4, 4 + 3, 5 + 4)  # real parts of 0..k, imaginary parts of 1..k (a half dim: 0..k-1, 1..k-1)
+    assert costs["drift"].flops == 5 * drift.truncated.best_order(local, kept, True, rows=rows)[1]
     assert costs["drift"].bytes_sent == 3 / 4 * (3 + 2) * m * 8
     alpha, beta = CPU.alpha_s, CPU.beta_s_per_byte
     assert math.isclose(costs["drift"].comm_s, 2 * 3 * alpha + 3 / 4 * 5 * m * 8 * beta)

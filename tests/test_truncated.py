@@ -332,15 +332,20 @@ def test_flop_optimal_order():
 
 def test_orders_count_the_interleaving_copy():
     """With the copy's cost an innermost-first order wins where its extra FLOPs are fewer than the copy's
-    weight: the inverse's at the FNO block of 64 x 64 x 32 x 30 (1.42x the FLOPs), not at the paper grid."""
+    weight: the inverse's at the FNO block of a 4-rank slab (16 x 64 x 32 x 30, 1.74x the FLOPs), not at
+    64 x 64 x 32 x 30 (1.97x) or the paper grid."""
     kept = (16, 16, 16, 16)
     local = (64, 64, 32, 30)
     assert drift.truncated.interleave_copy((0, 1, 2, 3), local, kept, True) == 2 * 16 * 64 * 32 * 30
     assert drift.truncated.interleave_copy((3, 0, 1, 2), local, kept, True) == 0
     assert drift.truncated.interleave_copy((0, 1, 2, 3), local, kept, False) == 0
-    plan = drift.TruncatedFFT(local, (8, 8, 8, 16))
-    assert (plan.order, plan.inverse_order) == ((0, 1, 2, 3), (3, 0, 1, 2))
-    assert plan.inverse_flops == drift.truncated.contraction_flops((3, 0, 1, 2), local, kept, True) > plan.flops
+    whole = drift.TruncatedFFT(local, (8, 8, 8, 16))
+    assert whole.order == whole.inverse_order == (0, 1, 2, 3)
+    block = drift.TruncatedFFT((16, 64, 32, 30), (8, 8, 8, 16))
+    rows, block_orders = [17, 17, 17, 32], ((3, 1, 2, 0), (1, 2, 3, 0))
+    assert (block.order, block.inverse_order) == ((1, 2, 3, 0), (3, 1, 2, 0))
+    flops = {o: drift.truncated.contraction_flops(o, block.local_shape, kept, True, rows) for o in block_orders}
+    assert block.inverse_flops == flops[(3, 1, 2, 0)] > block.flops == flops[(1, 2, 3, 0)]
     paper = drift.TruncatedFFT((128, 128, 64, 30), (8, 8, 8, 16))
     assert paper.order == paper.inverse_order == (0, 1, 2, 3)
 
@@ -365,6 +370,51 @@ def _bytes_per_call(shape, grid, modes, batch):
                 _loss(out, 0).backward()
             records[name + " backward"] = [(c.kind, c.bytes) for c in log.calls]
     return records, plan.mode_shape
+
+
+def test_conjugate_pairs_fold_into_one_gemm_row():
+    """A real stage computes f and -f once: the real parts of the frequencies up to sign, then their
+    imaginary parts but at 0 and N / 2 (zero at every offset)."""
+    assert drift.truncated.folded_rows(tuple(range(8)) + tuple(range(56, 64)), 64) == 9 + 8
+    assert drift.truncated.folded_rows(tuple(range(16)), 16) == 16  # all kept: N real values
+    assert drift.truncated.folded_rows((3, 5), 8) == 1 + 1  # 3 and -3: one pair
+    assert drift.truncated.folded_rows((0, 4, 1), 8) == 3 + 1
+    forward = drift.truncated.contraction_flops((0, 1), (64, 8), (16, 5), True, (17, 10))
+    assert forward == 2 * 8 * 64 * 17 + 8 * 16 * 8 * 5
+    backward = drift.truncated.contraction_flops((1, 0), (64, 8), (16, 5), True, (17, 10))
+    assert backward == 4 * 64 * 8 * 5 + 8 * 5 * 64 * 16  # the innermost dim first: interleaved, not folded
+
+
+# Extents long enough on the first dim that both the forward and the inverse contract it first (folded).
+FOLD_CASES = [
+    ((52, 4, 4), ([1, 2, 3, -1, -2, -3], 2, 3), None),  # an ascending run of conjugates after the positives
+    ((78, 3), ([-1, 3, 1, -3, 5, 0, -2], 2), None),  # scattered pairs, a conjugate first
+    ((48, 3, 2), ([24, 0, 3, -3], [0, -1], 2), None),  # N / 2 (real at every offset) beside a pair
+    ((46, 5, 2), ([-3, -2, -1], 2, 2), ((2, 3), 0, 1)),  # conjugates only, a padded extent of 51
+]
+
+
+@pytest.mark.parametrize("case", FOLD_CASES, ids=lambda c: "x".join(map(str, c[0])))
+def test_folded_stages_match_torch_fft(case):
+    shape, modes, padding = case
+    plan = drift.TruncatedFFT(shape, modes, dtype=torch.float64, padding=padding)
+    assert plan._forward_stages[0].fold is not None and plan._inverse_stages[-1].fold is not None, plan
+    pad = [(0, 0)] * len(shape) if padding is None else plan.padding
+    for dtype in (torch.float64, torch.float32):
+        x = random_tensor((2, *shape), torch.float64, 31)
+        wide = torch.nn.functional.pad(x, [p for pair in reversed(pad) for p in pair])
+        xhat = random_tensor((2, *plan.mode_shape), torch.float64, 32, complex_=True)
+        spec = truncated_spectrum(wide, plan.modes, True, "backward")
+        crop = tuple(slice(b, b + n) for (b, _), n in zip(pad, shape, strict=True))
+        want = zero_filled_inverse(xhat, plan.modes, plan.padded_shape, True, "backward")[(..., *crop)]
+        p = plan.to(dtype)
+        complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        assert rel_err(p.forward(x.to(dtype)), spec) <= TOL[dtype]
+        assert rel_err(p.inverse(xhat.to(complex_dtype)), want) <= TOL[dtype]
+    plan = plan.double()
+    x = random_tensor((2, *shape), torch.float64, 33).requires_grad_(True)
+    xhat = random_tensor((2, *plan.mode_shape), torch.float64, 34, complex_=True).requires_grad_(True)
+    assert torch.autograd.gradcheck(plan.forward, (x,)) and torch.autograd.gradcheck(plan.inverse, (xhat,))
 
 
 @pytest.mark.parametrize("grid", [(2, 1, 1), (3, 1, 1), (4, 1, 1), (2, 2, 1)], ids=str)

@@ -117,30 +117,43 @@ def padding_pairs(padding: PaddingSpec | None, global_shape: tuple[int, ...]) ->
     return tuple(pairs)
 
 
-def _stage_flops(rest: int, n: int, k: int, real: bool) -> int:
-    """FLOPs of mapping one dim from n to k entries over ``rest`` lines: a real gemm producing 2k
-    outputs (real and imaginary parts) or a complex gemm (8 real FLOPs per multiply-add)."""
-    return (4 if real else 8) * rest * n * k
+def folded_rows(modes: Sequence[int], n: int) -> int:
+    """Rows of a real stage's gemm for the kept frequencies ``modes`` of extent ``n`` (``_conjugate_fold``):
+    a real part for each frequency up to sign, an imaginary part for each of those but 0 and n / 2."""
+    return _conjugate_fold(modes, n).rows
 
 
-def contraction_flops(order: Sequence[int], local: Sequence[int], kept: Sequence[int], real: bool) -> int:
-    """Forward FLOPs of one field when the dims are contracted in ``order`` (the first stage is a real
-    gemm when ``real``)."""
+def contraction_flops(
+    order: Sequence[int],
+    local: Sequence[int],
+    kept: Sequence[int],
+    real: bool,
+    rows: Sequence[int] | None = None,
+) -> int:
+    """Forward FLOPs of one field when the dims are contracted in ``order``: a complex gemm per stage
+    (8 real FLOPs per multiply-add), the first a real gemm producing ``rows[dim]`` real rows when
+    ``real`` (``folded_rows``; ``2 * kept[dim]`` where ``rows`` is None or the dim is innermost)."""
     sizes = list(local)
     total = 0
     for step, dim in enumerate(order):
         rest = math.prod(sizes[:dim] + sizes[dim + 1 :])
-        total += _stage_flops(rest, sizes[dim], kept[dim], real and step == 0)
+        if real and step == 0:
+            innermost = math.prod(sizes[dim + 1 :]) == 1
+            total += 2 * rest * sizes[dim] * (2 * kept[dim] if rows is None or innermost else rows[dim])
+        else:
+            total += 8 * rest * sizes[dim] * kept[dim]
         sizes[dim] = kept[dim]
     return total
 
 
 # The cost of the real / complex (de)interleaving copy a real stage makes when its dim is not innermost,
-# in FLOP-equivalents per real value copied, measured on a 2-core AVX-512 host: the forward's copy of two
-# contiguous halves into complex values is cheap, the inverse's (and the forward adjoint's) split of
-# complex values into real and imaginary halves, strided, is not. Innermost-first orders make no copy.
+# in FLOP-equivalents per real value copied, measured on a 2-core AVX-512 host: the forward's expansion of
+# the gemm's rows into complex values is cheap, the inverse's (and the forward adjoint's) fold of complex
+# values into real and imaginary rows, strided, is not (at the FNO block of 16 x 64 x 32 x 30 the
+# innermost-first inverse ran 1.46x faster with 1.74x the FLOPs; at 64 x 64 x 32 x 30 it ran 1.10x slower
+# with 1.97x). Innermost-first orders make no copy.
 FORWARD_COPY_FLOPS = 16
-INVERSE_COPY_FLOPS = 128
+INVERSE_COPY_FLOPS = 144
 
 
 def interleave_copy(order: Sequence[int], local: Sequence[int], kept: Sequence[int], real: bool) -> int:
@@ -154,17 +167,110 @@ def interleave_copy(order: Sequence[int], local: Sequence[int], kept: Sequence[i
 
 
 def best_order(
-    local: Sequence[int], kept: Sequence[int], real: bool, copy_flops: float = 0
+    local: Sequence[int],
+    kept: Sequence[int],
+    real: bool,
+    copy_flops: float = 0,
+    rows: Sequence[int] | None = None,
 ) -> tuple[tuple[int, ...], int]:
-    """The contraction order of least cost, FLOPs plus ``copy_flops`` per value of its interleaving copy
-    (``interleave_copy``), and its FLOPs (ties: lexicographic). ``copy_flops=0``: the fewest FLOPs."""
+    """The contraction order of least cost, FLOPs (``contraction_flops`` with ``rows``) plus
+    ``copy_flops`` per value of its interleaving copy (``interleave_copy``), and its FLOPs (ties:
+    lexicographic). ``copy_flops=0``: the fewest FLOPs."""
 
     def cost(order: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
         copied = interleave_copy(order, local, kept, real)
-        return contraction_flops(order, local, kept, real) + copy_flops * copied, order
+        return contraction_flops(order, local, kept, real, rows) + copy_flops * copied, order
 
     order = min(itertools.permutations(range(len(local))), key=cost)
-    return order, contraction_flops(order, local, kept, real)
+    return order, contraction_flops(order, local, kept, real, rows)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Consecutive kept modes ``mode .. mode + length - 1`` whose folded frequencies sit in consecutive
+    gemm rows from ``real_row`` (and ``imag_row``, None where the imaginary part is zero); ``conj``: the
+    modes are the conjugates of those rows' frequencies; ``first``: the rows' first modes."""
+
+    mode: int
+    length: int
+    real_row: int
+    imag_row: int | None
+    conj: bool
+    first: bool
+
+
+@dataclass(frozen=True)
+class _Fold:
+    """A real stage's kept frequencies up to sign: a real field's coefficient at -f is the conjugate of
+    that at f, so the gemm computes each pair once. ``frequencies``: one per pair (the least of f and
+    n - f); the gemm's rows are their real parts, then the imaginary parts of those other than 0 and
+    n / 2 (zero for every offset); ``runs`` map the rows to the kept modes."""
+
+    frequencies: tuple[int, ...]
+    imaginary: tuple[bool, ...]
+    runs: tuple[_Run, ...]
+
+    @property
+    def rows(self) -> int:
+        return len(self.frequencies) + sum(self.imaginary)
+
+
+def _conjugate_fold(modes: Sequence[int], n: int) -> _Fold:
+    frequencies: list[int] = []
+    for f in modes:
+        if min(f, n - f) not in frequencies:
+            frequencies.append(min(f, n - f))
+    imaginary = tuple(f > 0 and 2 * f != n for f in frequencies)
+    with_imag = [s for s, has in enumerate(imaginary) if has]
+    imag_row = {s: len(frequencies) + i for i, s in enumerate(with_imag)}
+    runs: list[_Run] = []
+    seen: set[int] = set()
+    for i, f in enumerate(modes):
+        s = frequencies.index(min(f, n - f))
+        run = _Run(i, 1, s, imag_row.get(s), min(f, n - f) != f, s not in seen)
+        seen.add(s)
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and (last.conj, last.first, last.imag_row is None) == (run.conj, run.first, run.imag_row is None)
+            and last.real_row + last.length == s
+            and (run.imag_row is None or last.imag_row + last.length == run.imag_row)
+        ):
+            runs[-1] = _Run(last.mode, last.length + 1, last.real_row, last.imag_row, last.conj, last.first)
+        else:
+            runs.append(run)
+    return _Fold(tuple(frequencies), imaginary, tuple(runs))
+
+
+def _expand(rows: torch.Tensor, fold: _Fold, out: torch.Tensor) -> torch.Tensor:
+    """The kept modes ``out`` (``(a, k, b)`` complex) from a real stage's gemm ``rows`` (``(a, fold.rows, b)``)."""
+    for run in fold.runs:
+        target = out[:, run.mode : run.mode + run.length]
+        real = rows[:, run.real_row : run.real_row + run.length]
+        if run.imag_row is None:
+            target.real.copy_(real)
+            target.imag.zero_()
+            continue
+        torch.complex(real, rows[:, run.imag_row : run.imag_row + run.length], out=target)
+        if run.conj:
+            target.conj_physical_()
+    return out
+
+
+def _fold(t: torch.Tensor, fold: _Fold, parts: torch.Tensor) -> torch.Tensor:
+    """The adjoint of ``_expand``: ``parts`` (``(a, fold.rows, b)`` real) summed from the kept modes ``t``
+    (``(a, k, b)`` complex), a conjugate mode's imaginary part with its sign flipped."""
+    for run in fold.runs:
+        source = t[:, run.mode : run.mode + run.length]
+        real = parts[:, run.real_row : run.real_row + run.length]
+        real.copy_(source.real) if run.first else real.add_(source.real)
+        if run.imag_row is not None:
+            imag = parts[:, run.imag_row : run.imag_row + run.length]
+            if run.first:
+                torch.neg(source.imag, out=imag) if run.conj else imag.copy_(source.imag)
+            else:
+                imag.sub_(source.imag) if run.conj else imag.add_(source.imag)
+    return parts
 
 
 @dataclass(frozen=True)
@@ -172,13 +278,16 @@ class _Stage:
     """One per-dim gemm with the matrix in buffer ``name``. ``right``: the dim is innermost in memory and
     the tensor is viewed (A, n) and multiplied on the right; otherwise it is viewed (A, n, B) and the
     matrix multiplies on the left. ``kind``: "complex", "real_in" (real input, complex output) or
-    "real_out" (complex input, real output, the real part only)."""
+    "real_out" (complex input, real output, the real part only). ``fold``: a real stage's frequencies up
+    to sign when it multiplies on the left (real_in expands its gemm's rows, real_out folds its input).
+    Right real stages interleave real and imaginary columns instead."""
 
     dim: int
     name: str
     right: bool
     kind: str
     out: int
+    fold: _Fold | None = None
 
 
 def _apply(
@@ -203,15 +312,13 @@ def _apply(
         if stage.right:
             t = torch.view_as_real(t).reshape(lead, 2 * n)
         else:
-            t = t.reshape(lead, n, rest)
-            parts = buffer("parts", (lead, 2 * n, rest), matrix.dtype)
-            t = torch.cat((t.real, t.imag), dim=1, out=parts)
+            parts = buffer("parts", (lead, matrix.shape[1], rest), matrix.dtype)
+            t = _fold(t.reshape(lead, n, rest), stage.fold, parts)
     elif stage.right:
         t = t.reshape(lead, n)
     else:
         t = t.reshape(lead, n, rest)
-    rows = 2 * stage.out if stage.kind == "real_in" else stage.out
-    gemm_shape = (lead, rows) if stage.right else (lead, rows, rest)
+    gemm_shape = (lead, matrix.shape[1]) if stage.right else (lead, matrix.shape[0], rest)
     if out is not None and stage.kind != "real_in":
         target = out.view(gemm_shape)
     else:
@@ -221,11 +328,10 @@ def _apply(
         k = stage.out
         if stage.right:
             result = torch.view_as_complex(result.view(lead, k, 2))
-        else:
-            cplx = complex_dtype(result.dtype)
-            result = torch.complex(result[:, :k], result[:, k:], out=buffer("complex", (lead, k, rest), cplx))
-        if out is not None:
-            return out.copy_(result.view(new_shape))
+            return result.view(new_shape) if out is None else out.copy_(result.view(new_shape))
+        modes = out.view(lead, k, rest) if out is not None else None
+        modes = buffer("complex", (lead, k, rest), complex_dtype(result.dtype)) if modes is None else modes
+        result = _expand(result, stage.fold, modes)
     return result.view(new_shape)
 
 
@@ -333,8 +439,11 @@ class TruncatedFFT(ComplexModule):
         self.num_modes = math.prod(self.mode_shape)
         self.local_slices = self.layout.local_slices
         self.local_shape = self.layout.local_shape
-        self.order, self.flops = best_order(self.local_shape, self.mode_shape, real, FORWARD_COPY_FLOPS)
-        self.inverse_order, self.inverse_flops = best_order(self.local_shape, self.mode_shape, real, INVERSE_COPY_FLOPS)
+        rows = [folded_rows(m, n) for m, n in zip(self.modes, self.padded_shape, strict=True)]
+        self.order, self.flops = best_order(self.local_shape, self.mode_shape, real, FORWARD_COPY_FLOPS, rows)
+        self.inverse_order, self.inverse_flops = best_order(
+            self.local_shape, self.mode_shape, real, INVERSE_COPY_FLOPS, rows
+        )
         device = resolve_device(device)
         self._build_stages(dtype, cdtype, device)
         self._workspace = Workspace()
@@ -387,11 +496,12 @@ class TruncatedFFT(ComplexModule):
         self._forward_adjoint = self._adjoint(forward, self.local_shape)
         self._inverse_adjoint = self._adjoint(inverse, self.mode_shape)
 
-    def _basis(self, dim: int) -> torch.Tensor:
+    def _basis(self, dim: int, frequencies: Sequence[int] | None = None) -> torch.Tensor:
         """B_dim[k, j] = exp(-2 pi i f_k (b + o + j) / N) in float64 over the padded extent N, the block's
-        points placed after the b leading zeros; phases reduced exactly mod N."""
+        points placed after the b leading zeros; phases reduced exactly mod N. ``frequencies``: the f_k
+        (default: the kept modes)."""
         n_padded = self.padded_shape[dim]
-        f = torch.tensor(self.modes[dim], dtype=torch.int64)
+        f = torch.tensor(self.modes[dim] if frequencies is None else frequencies, dtype=torch.int64)
         start = self.padding[dim][0] + self.local_slices[dim].start
         j = torch.arange(start, start + self.local_shape[dim], dtype=torch.int64)
         phase = (f[:, None] * j[None, :]) % n_padded
@@ -407,12 +517,14 @@ class TruncatedFFT(ComplexModule):
     def _is_innermost(self, dim: int, sizes: Sequence[int]) -> bool:
         return math.prod(sizes[dim + 1 :]) == 1
 
-    def _stage(self, name: str, dim: int, m: torch.Tensor, right: bool, kind: str, out: int, device) -> _Stage:
+    def _stage(
+        self, name: str, dim: int, m: torch.Tensor, right: bool, kind: str, out: int, device, fold: _Fold | None = None
+    ) -> _Stage:
         """A stage whose matrix ``m`` becomes buffer ``name``, with its adjoint (``_adjoint``) beside it."""
         self.register_buffer(name, m.contiguous().to(device), persistent=False)
         adjoint = m.mH if m.is_complex() else m.T
         self.register_buffer(f"{name}_adjoint", adjoint.contiguous().to(device), persistent=False)
-        return _Stage(dim, name, right, kind, out)
+        return _Stage(dim, name, right, kind, out, fold)
 
     def _adjoint(self, stages: tuple[_Stage, ...], sizes: Sequence[int]) -> tuple[_Stage, ...]:
         """The stages of the adjoint map of ``stages`` (which take extents ``sizes``): the adjoint of each
@@ -423,7 +535,7 @@ class TruncatedFFT(ComplexModule):
             extents[stage.dim] = stage.out
         swap = {"real_in": "real_out", "real_out": "real_in", "complex": "complex"}
         return tuple(
-            _Stage(stage.dim, f"{stage.name}_adjoint", stage.right, swap[stage.kind], n)
+            _Stage(stage.dim, f"{stage.name}_adjoint", stage.right, swap[stage.kind], n, stage.fold)
             for stage, n in zip(reversed(stages), reversed(ins), strict=True)
         )
 
@@ -434,15 +546,20 @@ class TruncatedFFT(ComplexModule):
             b = self._basis(dim) * self._scale(dim, inverse=False)
             right = self._is_innermost(dim, sizes)
             k = self.mode_shape[dim]
+            fold = None
             if self.real and step == 0:
                 kind = "real_in"
-                # right: (n, 2k) with real and imaginary columns interleaved; left: (2k, n) stacked.
-                m = torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k) if right else torch.cat((b.real, b.imag))
+                if right:  # (n, 2k), real and imaginary columns interleaved
+                    m = torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k)
+                else:  # (fold.rows, n): the folded frequencies' real rows, then their nonzero imaginary rows
+                    fold = _conjugate_fold(self.modes[dim], self.padded_shape[dim])
+                    b = self._basis(dim, fold.frequencies) * self._scale(dim, inverse=False)
+                    m = torch.cat((b.real, b.imag[list(fold.imaginary)]))
                 m = m.to(dtype)
             else:
                 kind = "complex"
                 m = (b.T if right else b).to(cdtype)
-            stages.append(self._stage(f"{prefix}_basis_{step}", dim, m, right, kind, k, device))
+            stages.append(self._stage(f"{prefix}_basis_{step}", dim, m, right, kind, k, device, fold))
             sizes[dim] = k
         return tuple(stages)
 
@@ -451,31 +568,34 @@ class TruncatedFFT(ComplexModule):
         sizes = list(self.mode_shape)
         d = len(self.global_shape)
         for step, dim in enumerate(reversed(order)):
-            e = self._basis(dim).conj().T * self._scale(dim, inverse=True)  # (n, k)
-            if self.real and dim == d - 1:
-                e = e * self._half_spectrum_weights()
             right = self._is_innermost(dim, sizes)
+            real_out = self.real and step == d - 1
+            fold = _conjugate_fold(self.modes[dim], self.padded_shape[dim]) if real_out and not right else None
+            frequencies = self.modes[dim] if fold is None else fold.frequencies
+            e = self._basis(dim, frequencies).conj().T * self._scale(dim, inverse=True)  # (n, k)
+            if self.real and dim == d - 1:
+                e = e * self._half_spectrum_weights(frequencies)
             n = self.local_shape[dim]
-            if self.real and step == d - 1:
+            if real_out:
                 kind = "real_out"
-                # Re(e @ z) = e.real @ z.real - e.imag @ z.imag, as one real gemm.
+                # Re(e @ z) = e.real @ z.real - e.imag @ z.imag, as one real gemm (z folded on the left).
                 m = (
                     torch.stack((e.real.T, -e.imag.T), dim=1).reshape(-1, n)
                     if right
-                    else torch.cat((e.real, -e.imag), dim=1)
+                    else torch.cat((e.real, -e.imag[:, list(fold.imaginary)]), dim=1)
                 )
                 m = m.to(dtype)
             else:
                 kind = "complex"
                 m = (e.T if right else e).to(cdtype)
-            stages.append(self._stage(f"{prefix}_basis_{step}", dim, m, right, kind, n, device))
+            stages.append(self._stage(f"{prefix}_basis_{step}", dim, m, right, kind, n, device, fold))
             sizes[dim] = n
         return tuple(stages)
 
-    def _half_spectrum_weights(self) -> torch.Tensor:
+    def _half_spectrum_weights(self, frequencies: Sequence[int]) -> torch.Tensor:
         """irfft's weights on the last dim: 1 for DC and an even (padded) extent's Nyquist, 2 for the others."""
         n = self.padded_shape[-1]
-        return torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in self.modes[-1]], dtype=torch.float64)
+        return torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in frequencies], dtype=torch.float64)
 
     def share_slice(self, coordinate: Sequence[int] | None = None) -> slice:
         """The slice of the first mode dim (``range(K1)``) a rank holds in the sharded spectrum: K1 in

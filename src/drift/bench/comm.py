@@ -56,7 +56,7 @@ from drift.bench.runner import barrier, bench_device, rank_zero, spread
 from drift.launch import rank_device, run_ranks
 from drift.nn import FNO, METHODS
 from drift.profiling import synchronize_device
-from drift.truncated import best_order, mode_lists
+from drift.truncated import best_order, folded_rows, mode_lists
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 BATCH_TARGET_S = 0.01  # each timed batch of back-to-back calls lasts about this long
@@ -454,19 +454,22 @@ def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], 
     """Modelled forward seconds of one FNO block (batch 1, float32, real 3D+time field) for drift and dfno.
 
     Both: spectral multiply (8 in out M / P FLOP) and pointwise linear (2 width^2 local points).
-    drift: forward and inverse partial DFTs (``best_order`` FLOPs, per channel) plus the reduce-scatter
-    and the all-gather of the ``width x M`` complex64 spectrum (padded as its shares are) on the fastest
-    reduction mesh (``drift_reduction``; ``unfactorised_comm_s``: one level per split dim). dfno: forward and inverse
-    real FFTs (2.5 V log2 V FLOP per channel, V the global points, split over P), plus per split dim
-    one all-to-all each way of the local half spectrum (complex64) in that dim's group of ranks.
+    drift: forward and inverse partial DFTs (``best_order`` FLOPs, conjugate pairs folded, per channel) plus
+    the reduce-scatter and the all-gather of the ``width x M`` complex64 spectrum (padded as its shares
+    are) on the fastest reduction mesh (``drift_reduction``; ``unfactorised_comm_s``: one level per split
+    dim). dfno: forward and inverse real FFTs (2.5 V log2 V FLOP per channel, V the global points, split
+    over P), plus per split dim one all-to-all each way of the local half spectrum (complex64) in that
+    dim's group of ranks.
     """
     grid = projection_grid(shape, [2 * k for k in modes], size)
     local = [math.ceil(n / p) for n, p in zip(shape, grid, strict=True)]
-    kept = [len(m) for m in mode_lists(tuple(modes), tuple(shape), True)]
+    lists = mode_lists(tuple(modes), tuple(shape), True)
+    kept = [len(m) for m in lists]
+    rows = [folded_rows(m, n) for m, n in zip(lists, shape, strict=True)]
     m = math.prod(kept)
     shared_flops = 8 * width * width * m / size + 2 * width * width * math.prod(local)
     model = Fit(cluster.alpha_s, cluster.beta_s_per_byte)
-    drift_flops = shared_flops + 2 * width * best_order(local, kept, True)[1]
+    drift_flops = shared_flops + 2 * width * best_order(local, kept, True, rows=rows)[1]
     split, row = [p for p in grid if p > 1], width * (m // kept[0]) * 8
     reduction, drift_comm = drift_reduction(model, split, kept[0], row)
     volume = math.prod(shape)

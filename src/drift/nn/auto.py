@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from drift.errors import PlanError
-from drift.truncated import ModeSpec, best_order, mode_lists
+from drift.truncated import ModeSpec, best_order, folded_rows, mode_lists
 
 CANDIDATES = ("drift", "dfno-pruned")
 
@@ -141,12 +141,14 @@ def method_costs(
     """The modelled forward cost of each candidate for one sample of ``global_shape`` split ``parts``
     ways per dim (1: whole), cheapest first. ValueError if ``modes`` do not fit ``global_shape``."""
     shape, parts = tuple(global_shape), tuple(parts)
-    kept = [len(m) for m in mode_lists(tuple(modes), shape, real)]
+    lists = mode_lists(tuple(modes), shape, real)
+    kept = [len(m) for m in lists]
+    rows = [folded_rows(m, n) for m, n in zip(lists, shape, strict=True)]
     ranks, modes_total = math.prod(parts), math.prod(kept)
     channels = in_channels + out_channels  # the forward transforms in, the inverse out channels
 
     local = [math.ceil(n / p) for n, p in zip(shape, parts, strict=True)]
-    drift_flops = channels * best_order(local, kept, real)[1]
+    drift_flops = channels * best_order(local, kept, real, rows=rows)[1]
     drift_bytes, drift_comm, share = 0.0, 0.0, 1
     for p in (p for p in parts if p > 1):
         for kind, c in (("reduce_scatter", in_channels), ("all_gather", out_channels)):
