@@ -1,9 +1,9 @@
 """TruncatedFFT against the FFT path (rfftn + truncation, zero-fill + irfftn), side by side in one process.
 
 Default: the DRIFT paper's 3D+time grid 128 x 128 x 64 x 30 with 20 channels and modes (8, 8, 8, 16),
-float32. The two paths' passes are interleaved (so both see the same machine state); drift's are also
-timed back to back. Prints the time ratios, the plan's FLOPs and the achieved rates against this machine's
-measured float32 matmul rate and memory bandwidth, and writes JSON.
+float32. The two paths' passes are interleaved (so both see the same machine state), in an order reversed
+every other repeat; drift's are also timed back to back. Prints the time ratios, the plan's FLOPs and the
+achieved rates against this machine's measured float32 matmul rate and memory bandwidth, and writes JSON.
 
     python benchmarks/truncated_vs_fft.py [--shape 128 128 64 30] [--channels 20] [--modes 8 8 8 16]
 """
@@ -80,11 +80,18 @@ def main() -> None:
         err_forward = float((xhat - ref).norm() / ref.norm())
         err_inverse = float((plan.inverse(ref) - fft_inverse(ref)).norm() / fft_inverse(ref).norm())
         times = {"drift_forward": [], "fft_forward": [], "drift_inverse": [], "fft_inverse": []}
-        for _ in range(args.repeats):  # interleaved, so both paths see the same machine state
-            times["drift_forward"].append(_median_time(lambda: plan.forward(x), 1))
-            times["fft_forward"].append(_median_time(lambda: fft_forward(x), 1))
-            times["drift_inverse"].append(_median_time(lambda: plan.inverse(xhat), 1))
-            times["fft_inverse"].append(_median_time(lambda: fft_inverse(xhat), 1))
+        passes = {
+            "drift_forward": lambda: plan.forward(x),
+            "fft_forward": lambda: fft_forward(x),
+            "drift_inverse": lambda: plan.inverse(xhat),
+            "fft_inverse": lambda: fft_inverse(xhat),
+        }
+        # Interleaved, so both paths see the same machine state, in an order alternated every repeat: the
+        # pass after the FFT path's inverse (13 GB page-faulted) runs 1.2-1.4x slower, whichever it is.
+        for repeat in range(args.repeats):
+            order = list(passes) if repeat % 2 == 0 else list(reversed(passes))
+            for name in order:
+                times[name].append(_median_time(passes[name], 1))
         # The same passes again back to back: each after itself, not after the FFT path's 5 GB of temporaries.
         back_to_back = {
             "drift_forward": _median_time(lambda: plan.forward(x), args.repeats),
