@@ -10,6 +10,10 @@ when every rank keeps only its share of the modes (a chunk of the first mode dim
 the number of retained modes, whatever the grid extents. The inverse applies the adjoint bases to the
 retained spectrum and needs no communication once every rank holds it.
 
+For a real field, ``B_i[N - f] = conj(B_i[f])`` at every offset, so the partial spectrum at -f is the
+conjugate of that at f: the first (real) stage computes each such pair of kept frequencies once
+(``_conjugate_fold``), and the inverse's last stage folds the pair before its real gemm.
+
 Zero padding is implicit: padding dim i with ``b_i`` zeros before and ``a_i`` after the field only
 changes its basis (extent ``N_i + b_i + a_i``, offsets shifted by ``b_i``), and the inverse is evaluated
 on the N_i real points alone, so no padded tensor exists and the communication is unchanged.

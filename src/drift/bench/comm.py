@@ -363,8 +363,9 @@ class Cluster:
 # all-gather (P-1) alpha + (P-1)/P n beta): 9 alpha + 2.25 n beta = 5.1 ms and 93 alpha + 2.906 n beta
 # = 20 ms, so alpha = 165 us and beta = 1.53e-10 s/B (6.5 GB/s). (A log2 P latency term admits no
 # non-negative solution of these two.) Compute: the forward and inverse partial DFTs take 67 ms per
-# block at P = 4 (local 32 x 128 x 128 x 30, 20 channels); drift's FLOP-optimal contraction does
-# 2 x 20 x 1.305 GFLOP there: 0.78 TFLOP/s, the effective rate the paper's GPUs reached on it.
+# block at P = 4 (local 32 x 128 x 128 x 30, 20 channels); the paper's contraction, every kept frequency
+# computed (no conjugate fold), does 2 x 20 x 1.305 GFLOP there: 0.78 TFLOP/s, the effective rate the
+# paper's GPUs reached on it.
 PAPER = Cluster(
     "paper",
     alpha_s=1.65e-4,
