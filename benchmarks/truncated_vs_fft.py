@@ -87,7 +87,7 @@ def main() -> None:
             "fft_inverse": lambda: fft_inverse(xhat),
         }
         # Interleaved, so both paths see the same machine state, in an order alternated every repeat: the
-        # pass after the FFT path's inverse (13 GB page-faulted) runs 1.2-1.4x slower, whichever it is.
+        # pass right after the FFT path's inverse (13 GB page-faulted) ran 1.1-1.4x slower (drift's forward).
         for repeat in range(args.repeats):
             order = list(passes) if repeat % 2 == 0 else list(reversed(passes))
             for name in order:
