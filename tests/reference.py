@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch.distributed.tensor import Shard
 
+from drift import Layout
+
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6}
 
 
@@ -84,3 +86,22 @@ def zero_filled_inverse(xhat: torch.Tensor, modes, global_shape, real: bool, nor
     z[(..., *_mode_index(modes, xhat.device))] = xhat
     dims = tuple(range(-d, 0))
     return (torch.fft.irfftn if real else torch.fft.ifftn)(z, s=tuple(global_shape), dim=dims, norm=norm)
+
+
+def unfused(x, y, w, b, act):
+    """The block tail on whole tensors, in float64, recorded op by op."""
+    z = y + torch.einsum("oi,bi...->bo...", w, x)
+    if b is not None:
+        z = z + b.view(-1, *[1] * (x.dim() - 2))
+    return z if act is None else act(z)
+
+
+def unfused_fno(model, x: torch.Tensor) -> torch.Tensor:
+    """An FNO ``model``'s function with every block's tail and the projection written out on whole tensors."""
+    layout = Layout(x.shape[2:])
+    z = model.lift(x)
+    for i, (spectral, pointwise) in enumerate(zip(model.spectral, model.pointwise, strict=True)):
+        act = model.non_linearity if i < len(model.spectral) - 1 else None
+        z = unfused(z, spectral.forward_local(z, layout), pointwise.weight, pointwise.bias, act)
+    hidden = unfused(z, 0, model.project_hidden.weight, model.project_hidden.bias, model.non_linearity)
+    return unfused(hidden, 0, model.project_out.weight, model.project_out.bias, None)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import TOL, random_tensor, rel_err
+from reference import TOL, random_tensor, rel_err, unfused, unfused_fno
 from torch.nn import functional as F
 
-import drift
 from drift.nn import FNO
 from drift.nn.chunked import chunked_mlp, pointwise_activation
 from drift.nn.spectral import mix_channels
@@ -31,14 +30,6 @@ def _inputs(dtype, bias=True, batch=3, c_in=4, c_out=5, spatial=(6, 5)):
     return x, y, w, b
 
 
-def _unfused(x, y, w, b, act):
-    """The block tail on whole tensors, in float64, recorded op by op."""
-    z = y + torch.einsum("oi,bi...->bo...", w, x)
-    if b is not None:
-        z = z + b.view(-1, *[1] * (x.dim() - 2))
-    return z if act is None else act(z)
-
-
 def _leaves(*tensors):
     return [t.detach().double().requires_grad_(True) for t in tensors if t is not None]
 
@@ -54,7 +45,7 @@ def test_value_and_gradients_equal_autograd(act, dtype, points):
     grad = random_tensor(out.shape, dtype, 5)
     out.backward(grad)
     refs = _leaves(x, y, w, b)
-    want = _unfused(*refs, act)
+    want = unfused(*refs, act)
     want.backward(grad.double())
     assert out.dtype == dtype and rel_err(out, want) <= TOL[dtype]
     for name, got, ref in zip("xywb", (x, y, w, b), refs, strict=True):
@@ -68,7 +59,7 @@ def test_without_bias_and_partial_gradients(act):
     out = pointwise_activation(w, None, x.detach(), y.detach().clone(), act, chunk_bytes=1)
     out.backward(random_tensor(out.shape, torch.float64, 6))
     ref_w = w.detach().clone().requires_grad_(True)
-    _unfused(x.detach(), y.detach(), ref_w, None, act).backward(random_tensor(out.shape, torch.float64, 6))
+    unfused(x.detach(), y.detach(), ref_w, None, act).backward(random_tensor(out.shape, torch.float64, 6))
     assert rel_err(w.grad, ref_w.grad) <= 1e-12
 
 
@@ -81,7 +72,7 @@ def test_without_y_is_the_pointwise_layer(dtype, bias):
     grad = random_tensor(out.shape, dtype, 7)
     out.backward(grad)
     refs = _leaves(x, w, b)
-    want = _unfused(refs[0], 0, *refs[1:], None) if bias else _unfused(refs[0], 0, refs[1], None, None)
+    want = unfused(refs[0], 0, *refs[1:], None) if bias else unfused(refs[0], 0, refs[1], None, None)
     want.backward(grad.double())
     assert rel_err(out, want) <= TOL[dtype]
     for got, ref in zip((x, w, b), refs, strict=False):
@@ -105,17 +96,6 @@ def test_second_backward_raises_unless_saved_tensors_are_copied():
         assert torch.autograd.gradcheck(tail, (*small, w, b))
 
 
-def _unfused_fno(model: FNO, x: torch.Tensor) -> torch.Tensor:
-    """``model``'s function with every block's tail and the projection written out on whole tensors."""
-    layout = drift.Layout(x.shape[2:])
-    z = model.lift(x)
-    for i, (spectral, pointwise) in enumerate(zip(model.spectral, model.pointwise, strict=True)):
-        act = model.non_linearity if i < len(model.spectral) - 1 else None
-        z = _unfused(z, spectral.forward_local(z, layout), pointwise.weight, pointwise.bias, act)
-    hidden = _unfused(z, 0, model.project_hidden.weight, model.project_hidden.bias, model.non_linearity)
-    return _unfused(hidden, 0, model.project_out.weight, model.project_out.bias, None)
-
-
 @pytest.mark.parametrize("non_linearity", [F.gelu, torch.tanh], ids=["gelu", "tanh"])
 def test_fno_gradients_equal_the_unfused_model(monkeypatch, non_linearity):
     """The FNO's recorded blocks run through ``pointwise_activation`` (small chunks forced)."""
@@ -131,7 +111,7 @@ def test_fno_gradients_equal_the_unfused_model(monkeypatch, non_linearity):
     grad_x = x.grad.clone()
     model.zero_grad()
     x.grad = None
-    _unfused_fno(model, x).backward(grad)
+    unfused_fno(model, x).backward(grad)
     assert rel_err(grad_x, x.grad) <= 1e-12
     for name, p in model.named_parameters():
         assert rel_err(grads[name], p.grad) <= 1e-12, name
@@ -171,8 +151,8 @@ def test_chunked_mlp_equals_autograd(act, dtype, points):
     grad = random_tensor(out.shape, dtype, 6)
     out.backward(grad)
     refs = _leaves(x, *params)
-    hidden = _unfused(refs[0], 0, refs[1], refs[2], act)
-    want = _unfused(hidden, 0, refs[3], refs[4], None)
+    hidden = unfused(refs[0], 0, refs[1], refs[2], act)
+    want = unfused(hidden, 0, refs[3], refs[4], None)
     want.backward(grad.double())
     assert out.dtype == dtype and rel_err(out, want) <= TOL[dtype]
     for name, got, ref in zip(("x", "w1", "b1", "w2", "b2"), (x, *params), refs, strict=True):

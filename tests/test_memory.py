@@ -7,8 +7,7 @@ import gc
 
 import pytest
 import torch
-from reference import random_tensor, rel_err
-from test_block import _unfused_fno
+from reference import random_tensor, rel_err, unfused_fno
 
 from drift import memory
 from drift.nn import FNO
@@ -82,7 +81,7 @@ def test_empty_cache_and_stale_storages_are_released(pool, monkeypatch):
 
 def test_fno_training_steps_through_pooled_tensors(pool, monkeypatch):
     """Every tensor pooled (``MIN_BYTES`` 0): three SGD steps, each step's gradients against the model
-    written out op by op (``test_block._unfused_fno``, outside the pool's reach at the default
+    written out op by op (``reference.unfused_fno``, outside the pool's reach at the default
     threshold), so that a storage handed out while still in use would show."""
     torch.manual_seed(3)
     model = FNO(2, 3, 6, (2, 2, 3), n_layers=3, dtype=torch.float64)
@@ -97,7 +96,7 @@ def test_fno_training_steps_through_pooled_tensors(pool, monkeypatch):
         model.zero_grad()
         x.grad = None
         monkeypatch.setattr(memory, "MIN_BYTES", threshold)
-        _unfused_fno(model, x).backward(grad)
+        unfused_fno(model, x).backward(grad)
         assert rel_err(got_x, x.grad) <= 1e-12, step
         for name, p in model.named_parameters():
             assert rel_err(got[name], p.grad) <= 1e-12, (step, name)

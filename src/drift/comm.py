@@ -367,13 +367,18 @@ def all_gather(x: torch.Tensor, *, group=None) -> torch.Tensor:
     return _AllGather.apply(x, group)
 
 
-def init_process_group(backend: str, *, timeout_s: float) -> None:
-    """Join the default process group the environment describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
-    ``MASTER_PORT``: torchrun's or ``drift.launch``'s) on ``backend`` ("gloo" or "nccl"); its collectives
-    time out after ``timeout_s`` seconds."""
+def init_process_group(
+    backend: str, *, timeout_s: float, store: dist.Store | None = None, rank: int = -1, world_size: int = -1
+) -> None:
+    """Join the default process group on ``backend`` ("gloo" or "nccl"): the one the environment describes
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``: torchrun's), or as ``rank`` of
+    ``world_size`` on ``store`` (``drift.launch``'s pool); its collectives time out after ``timeout_s``
+    seconds."""
     from datetime import timedelta
 
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, timeout=timedelta(seconds=timeout_s), store=store, rank=rank, world_size=world_size
+    )
 
 
 def backends_available() -> list[str]:

@@ -17,14 +17,15 @@ import math
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from drift import comm
 from drift.errors import PlanError
@@ -167,13 +168,6 @@ def _join_restarted(backend: str) -> None:
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=size, timeout=timeout)
 
 
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _private_gb(pid: int) -> float:
     """Resident memory of a process that is not file-backed (statm resident - shared), in GB: its
     data, without the library code every rank maps (which summing RSS would count once per rank)."""
@@ -204,7 +198,8 @@ def _serve(rank: int, size: int, port: int, device: str, threads: int, group_tim
     try:
         _place(device)
         # Even one rank joins a group, so that barriers and drift.comm behave the same at every size.
-        comm.init_process_group(_backend(device), timeout_s=group_timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=group_timeout_s))
+        comm.init_process_group(_backend(device), timeout_s=group_timeout_s, store=store, rank=rank, world_size=size)
         conn.send((True, None, ""))
     except BaseException as exc:
         conn.send(_failure(exc))
@@ -265,7 +260,12 @@ class RankPool:
         self.size, self.timeout_s, self.memory_cap_gb = size, timeout_s, memory_cap_gb
         self.alive = True
         context = mp.get_context("spawn")
-        entry = (size, _free_port(), device, threads or threads_per_rank(size), group_timeout_s)
+        # The group's store lives here, bound to a free port at once: a port chosen and released for rank 0
+        # to bind later could be taken in between (by another job's socket, or Gloo's own listeners).
+        self._store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=group_timeout_s), wait_for_workers=False
+        )
+        entry = (size, self._store.port, device, threads or threads_per_rank(size), group_timeout_s)
         self._conns, self._procs = [], []
         for rank in range(size):
             parent, child = context.Pipe()
@@ -360,6 +360,7 @@ class RankPool:
             proc.join(timeout=10)
         for conn in self._conns:
             conn.close()
+        self._store = None
 
     def __enter__(self) -> RankPool:
         return self
