@@ -3,9 +3,10 @@
 The model counts, for one sample's forward spectral path (the transform of ``in`` channels and the
 inverse of ``out`` channels; the channel mixing is the same for every method and left out):
 
-- "drift": the partial-DFT contractions in their FLOP-optimal order (``drift.truncated.best_order``)
-  on the local block, at the machine's matmul rate; one reduce-scatter of the ``in x M`` spectrum per
-  split dim and one all-gather of the ``out x M`` one back (ring terms, ``Machine.collective_s``).
+- "drift": the partial-DFT contractions on the local block in the orders its plans choose (the forward's
+  and the inverse's, ``drift.truncated.best_order`` with their copy weights), at the machine's matmul
+  rate; one reduce-scatter of the ``in x M`` spectrum per split dim and one all-gather of the ``out x M``
+  one back (ring terms, ``Machine.collective_s``).
 - "dfno-pruned": 1-D FFTs dim by dim from the last, each truncated to its kept modes before the next
   (2.5 n log2 n FLOPs per real line of n, 5 n log2 n per complex one), split evenly over the ranks, at
   the machine's FFT rate; per split dim one all-to-all each way of the field with every other dim
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from drift.errors import PlanError
-from drift.truncated import ModeSpec, best_order, folded_rows, mode_lists
+from drift.truncated import FORWARD_COPY_FLOPS, INVERSE_COPY_FLOPS, ModeSpec, best_order, folded_rows, mode_lists
 
 CANDIDATES = ("drift", "dfno-pruned")
 
@@ -145,10 +146,10 @@ def method_costs(
     kept = [len(m) for m in lists]
     rows = [folded_rows(m, n) for m, n in zip(lists, shape, strict=True)]
     ranks, modes_total = math.prod(parts), math.prod(kept)
-    channels = in_channels + out_channels  # the forward transforms in, the inverse out channels
-
     local = [math.ceil(n / p) for n, p in zip(shape, parts, strict=True)]
-    drift_flops = channels * best_order(local, kept, real, rows=rows)[1]
+    forward_flops = best_order(local, kept, real, FORWARD_COPY_FLOPS, rows)[1]
+    inverse_flops = best_order(local, kept, real, INVERSE_COPY_FLOPS, rows)[1]
+    drift_flops = in_channels * forward_flops + out_channels * inverse_flops
     drift_bytes, drift_comm, share = 0.0, 0.0, 1
     for p in (p for p in parts if p > 1):
         for kind, c in (("reduce_scatter", in_channels), ("all_gather", out_channels)):
@@ -163,7 +164,7 @@ def method_costs(
         per_line = (2.5 if real and dim == len(shape) - 1 else 5.0) * n * math.log2(max(n, 2))
         fft_flops += volume / n * per_line
         volume = volume // n * kept[dim]
-    dfno_flops = channels * fft_flops / ranks
+    dfno_flops = (in_channels + out_channels) * fft_flops / ranks
     dfno_bytes, dfno_comm = 0.0, 0.0
     # When a split dim is transformed every whole dim already is, and truncated.
     moved = math.prod(n if p > 1 else k for n, k, p in zip(shape, kept, parts, strict=True))
