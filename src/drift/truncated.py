@@ -220,6 +220,7 @@ class _Fold:
 
 
 def _conjugate_fold(modes: Sequence[int], n: int) -> _Fold:
+    """The ``_Fold`` of the kept frequencies ``modes`` (in their order) of extent ``n``."""
     frequencies: list[int] = []
     for f in modes:
         if min(f, n - f) not in frequencies:
@@ -267,13 +268,18 @@ def _fold(t: torch.Tensor, fold: _Fold, parts: torch.Tensor) -> torch.Tensor:
     for run in fold.runs:
         source = t[:, run.mode : run.mode + run.length]
         real = parts[:, run.real_row : run.real_row + run.length]
-        real.copy_(source.real) if run.first else real.add_(source.real)
-        if run.imag_row is not None:
-            imag = parts[:, run.imag_row : run.imag_row + run.length]
-            if run.first:
-                torch.neg(source.imag, out=imag) if run.conj else imag.copy_(source.imag)
-            else:
-                imag.sub_(source.imag) if run.conj else imag.add_(source.imag)
+        if run.first:
+            real.copy_(source.real)
+        else:
+            real.add_(source.real)
+        if run.imag_row is None:
+            continue
+        imag = parts[:, run.imag_row : run.imag_row + run.length]
+        sign = -1 if run.conj else 1
+        if run.first:
+            torch.mul(source.imag, sign, out=imag)
+        else:
+            imag.add_(source.imag, alpha=sign)
     return parts
 
 
@@ -298,15 +304,15 @@ def _apply(
     t: torch.Tensor,
     stage: _Stage,
     matrix: torch.Tensor,
-    work: Workspace | None,
+    work: Workspace,
     key: tuple,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work`` when it is given, and
-    the result into ``out`` when that is given (a contiguous tensor of the result's shape)."""
+    """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work``, and the result into
+    ``out`` when that is given (a contiguous tensor of the result's shape)."""
 
-    def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-        return None if work is None else work.get((*key, role), shape, dtype, t.device)
+    def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return work.get((*key, role), shape, dtype, t.device)
 
     shape = t.shape
     pos = stage.dim + 1
@@ -333,8 +339,10 @@ def _apply(
         if stage.right:
             result = torch.view_as_complex(result.view(lead, k, 2))
             return result.view(new_shape) if out is None else out.copy_(result.view(new_shape))
-        modes = out.view(lead, k, rest) if out is not None else None
-        modes = buffer("complex", (lead, k, rest), complex_dtype(result.dtype)) if modes is None else modes
+        if out is None:
+            modes = buffer("complex", (lead, k, rest), complex_dtype(result.dtype))
+        else:
+            modes = out.view(lead, k, rest)
         result = _expand(result, stage.fold, modes)
     return result.view(new_shape)
 
