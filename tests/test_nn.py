@@ -513,8 +513,9 @@ def test_spectral_conv_into_a_preallocated_tensor(method, modes):
 @pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])
 def test_fno_without_autograd_matches(monkeypatch, non_linearity):
     """Unrecorded, the blocks accumulate the pointwise gemm into the spectral output in place, in two
-    resident activation buffers, and the projection runs through one resident hidden buffer, in chunks
-    (here 5 points per projection chunk, a ragged last one); outputs never alias those buffers."""
+    resident activation buffers, and the projection runs through two resident buffers (its input over a
+    row of ones, its hidden layer), in chunks (here 5 points per projection chunk, a ragged last one);
+    outputs never alias those buffers."""
     import drift.nn.chunked as chunked
 
     torch.manual_seed(4)
@@ -526,7 +527,7 @@ def test_fno_without_autograd_matches(monkeypatch, non_linearity):
         unrecorded = model(x)
         buffers = [b.data_ptr() for b in model._activations._buffers.values()]
         again = model(2 * x)
-        assert [b.data_ptr() for b in model._activations._buffers.values()] == buffers and len(buffers) == 3
+        assert [b.data_ptr() for b in model._activations._buffers.values()] == buffers and len(buffers) == 4
     with torch.inference_mode():
         inference = model(x)
     model(x)  # a recorded forward releases the resident buffers

@@ -87,28 +87,38 @@ def mlp_unrecorded(
     work: Workspace,
 ) -> torch.Tensor:
     """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a chunk (``CHUNK_BYTES``)
-    of points at a time through one resident hidden buffer of ``work``: the hidden layer never exists for
-    the whole block and nothing is allocated per chunk. Returns a fresh ``(b, c_out, *spatial)``
-    (``drift.memory``)."""
+    of points at a time through resident buffers of ``work``: the hidden layer never exists for the whole
+    block and nothing is allocated per chunk. A bias rides in its gemm as a column of ``W`` against a row
+    of ones below the chunk (``addmm`` would first copy it over the whole hidden chunk). Returns a fresh
+    ``(b, c_out, *spatial)`` (``drift.memory``)."""
     flat = _flat(x)
     out = memory.empty((x.shape[0], w2.shape[0], flat.shape[2]), x.dtype, x.device)
-    hidden = w1.shape[0]
+    hidden, width = w1.shape
     step = _points_per_chunk(x.device, hidden * x.element_size())
-    buffer = work.get(("mlp_hidden",), (hidden * step,), x.dtype, x.device)
+    w1_b1 = w1 if b1 is None else torch.cat((w1, b1[:, None]), 1)
+    w2_b2 = w2 if b2 is None else torch.cat((w2, b2[:, None]), 1)
+    inputs = work.get(("mlp_input",), (w1_b1.shape[1] * step,), x.dtype, x.device) if b1 is not None else None
+    buffer = work.get(("mlp_hidden",), (w2_b2.shape[1] * step,), x.dtype, x.device)
     for i in range(flat.shape[0]):
         for s in range(0, flat.shape[2], step):
             part = flat[i, :, s : s + step]
-            h = _chunk_view(buffer, hidden, part.shape[1])
-            if b1 is None:
-                torch.mm(w1, part, out=h)
-            else:
-                torch.addmm(b1[:, None], w1, part, out=h)
-            activate_(non_linearity, h)
-            if b2 is None:
-                torch.mm(w2, h, out=out[i, :, s : s + step])
-            else:
-                torch.addmm(b2[:, None], w2, h, out=out[i, :, s : s + step])
+            m = part.shape[1]
+            if inputs is not None:
+                part = _with_ones(_chunk_view(inputs, width + 1, m), part)
+            h = _chunk_view(buffer, w2_b2.shape[1], m)
+            torch.mm(w1_b1, part, out=h[:hidden])
+            activate_(non_linearity, h[:hidden])
+            if b2 is not None:
+                h[hidden].fill_(1)
+            torch.mm(w2_b2, h, out=out[i, :, s : s + step])
     return out.view(x.shape[0], w2.shape[0], *x.shape[2:])
+
+
+def _with_ones(buffer: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """``buffer`` (``(..., c + 1, m)``) holding ``part`` (``(..., c, m)``) over a row of ones."""
+    buffer[..., :-1, :].copy_(part)
+    buffer[..., -1, :].fill_(1)
+    return buffer
 
 
 class _Chunked(torch.autograd.Function):
@@ -336,12 +346,6 @@ class _ChunkedMLP(torch.autograd.Function):
         return mlp_unrecorded(x, w1, b1, w2, b2, act, Workspace())
 
     @staticmethod
-    def _with_ones(buffer: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-        buffer[:, :-1].copy_(part)
-        buffer[:, -1].fill_(1)
-        return buffer
-
-    @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         x, w1, b1, w2, b2 = ctx.saved_tensors
@@ -361,7 +365,7 @@ class _ChunkedMLP(torch.autograd.Function):
         for s in range(0, flat_x.shape[2], step):
             m = min(step, flat_x.shape[2] - s)
             g = flat_grad[..., s : s + m]
-            xs = _ChunkedMLP._with_ones(_chunk_view(ones_x, batch, width + 1, m), flat_x[..., s : s + m])
+            xs = _with_ones(_chunk_view(ones_x, batch, width + 1, m), flat_x[..., s : s + m])
             hs, acts, g_h = (_chunk_view(t, batch, hidden, m) for t in (h, a, ga))
             torch.bmm(w1_b1, xs, out=hs)
             torch.bmm(w2_t, g, out=g_h)  # the gradient of act(h), then of h in place
