@@ -333,7 +333,7 @@ def pointwise_activation(
 
 class _ChunkedMLP(torch.autograd.Function):
     """``W2 act(W1 x + b1) + b2`` on ``(b, c, *spatial)`` blocks. The forward pass is the unrecorded one's
-    (``mlp_unrecorded``: one ``CHUNK_BYTES`` hidden buffer, the activation in place) and saves ``x``
+    (``mlp_unrecorded``: ``CHUNK_BYTES`` hidden buffers, the activation in place) and saves ``x``
     alone. The backward pass recomputes the hidden layer ``step`` points at a time through three
     chunk-sized buffers made once per call, the bias ``b1`` riding in the first gemm as a column of ``W1``
     against a row of ones below the chunk of ``x`` (a copy of ``c`` rows, where adding it would touch

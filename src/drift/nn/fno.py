@@ -345,7 +345,7 @@ class FNO(nn.Module):
         """The projection ``out(act(hidden(x)))`` a chunk of points at a time: its hidden layer, the largest
         tensor of an FNO, never exists for the whole block, in the forward pass or for the backward one,
         which recomputes it per chunk (``chunked_mlp``; complex data ``chunked_pointwise``); outside
-        autograd through one resident chunk-sized buffer (``mlp_unrecorded``). Under autocast, in one
+        autograd through resident chunk-sized buffers (``mlp_unrecorded``). Under autocast, in one
         piece."""
         hidden, out, act = self.project_hidden, self.project_out, self.non_linearity
         if torch.is_autocast_enabled(x.device.type):
