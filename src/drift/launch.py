@@ -155,17 +155,13 @@ def _join_restarted(backend: str) -> None:
     """Join the default group of a job torchrun restarted, on the store at ``MASTER_ADDR:MASTER_PORT``
     under a prefix of its own: the keys the earlier attempt left there would otherwise send Gloo to its
     dead ranks' addresses (``connectFullMesh failed ... Connection refused``)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = timedelta(seconds=GROUP_TIMEOUT_S)
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0 hosts the store
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = timedelta(seconds=GROUP_TIMEOUT_S)
     store = dist.TCPStore(address, port, size, is_master=not agent and rank == 0, timeout=timeout)
     prefixed = dist.PrefixStore(f"drift/attempt-{restart_count()}", store)
-    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=size, timeout=timeout)
+    comm.init_process_group(backend, timeout_s=GROUP_TIMEOUT_S, store=prefixed, rank=rank, world_size=size)
 
 
 def _private_gb(pid: int) -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -221,18 +221,16 @@ class _Fold:
 
 def _conjugate_fold(modes: Sequence[int], n: int) -> _Fold:
     """The ``_Fold`` of the kept frequencies ``modes`` (in their order) of extent ``n``."""
-    frequencies: list[int] = []
-    for f in modes:
-        if min(f, n - f) not in frequencies:
-            frequencies.append(min(f, n - f))
+    least = [min(f, n - f) for f in modes]  # each kept frequency's representative up to sign
+    frequencies = list(dict.fromkeys(least))
     imaginary = tuple(f > 0 and 2 * f != n for f in frequencies)
     with_imag = [s for s, has in enumerate(imaginary) if has]
     imag_row = {s: len(frequencies) + i for i, s in enumerate(with_imag)}
     runs: list[_Run] = []
     seen: set[int] = set()
-    for i, f in enumerate(modes):
-        s = frequencies.index(min(f, n - f))
-        run = _Run(i, 1, s, imag_row.get(s), min(f, n - f) != f, s not in seen)
+    for i, (f, c) in enumerate(zip(modes, least, strict=True)):
+        s = frequencies.index(c)
+        run = _Run(i, 1, s, imag_row.get(s), c != f, s not in seen)
         seen.add(s)
         last = runs[-1] if runs else None
         if (
@@ -241,7 +239,7 @@ def _conjugate_fold(modes: Sequence[int], n: int) -> _Fold:
             and last.real_row + last.length == s
             and (run.imag_row is None or last.imag_row + last.length == run.imag_row)
         ):
-            runs[-1] = _Run(last.mode, last.length + 1, last.real_row, last.imag_row, last.conj, last.first)
+            runs[-1] = replace(last, length=last.length + 1)
         else:
             runs.append(run)
     return _Fold(tuple(frequencies), imaginary, tuple(runs))
@@ -555,18 +553,20 @@ class TruncatedFFT(ComplexModule):
         stages = []
         sizes = list(self.local_shape)
         for step, dim in enumerate(order):
-            b = self._basis(dim) * self._scale(dim, inverse=False)
             right = self._is_innermost(dim, sizes)
+            real_in = self.real and step == 0
+            fold = _conjugate_fold(self.modes[dim], self.padded_shape[dim]) if real_in and not right else None
+            b = self._basis(dim, None if fold is None else fold.frequencies) * self._scale(dim, inverse=False)
             k = self.mode_shape[dim]
-            fold = None
-            if self.real and step == 0:
+            if real_in:
                 kind = "real_in"
-                if right:  # (n, 2k), real and imaginary columns interleaved
-                    m = torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k)
-                else:  # (fold.rows, n): the folded frequencies' real rows, then their nonzero imaginary rows
-                    fold = _conjugate_fold(self.modes[dim], self.padded_shape[dim])
-                    b = self._basis(dim, fold.frequencies) * self._scale(dim, inverse=False)
-                    m = torch.cat((b.real, b.imag[list(fold.imaginary)]))
+                # right: (n, 2k), real and imaginary columns interleaved; left: (fold.rows, n), the folded
+                # frequencies' real rows, then their nonzero imaginary rows.
+                m = (
+                    torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k)
+                    if right
+                    else torch.cat((b.real, b.imag[list(fold.imaginary)]))
+                )
                 m = m.to(dtype)
             else:
                 kind = "complex"
