@@ -1,11 +1,14 @@
 """The FNO projection (width -> 128 -> out, GeLU between): whole tensors against ``FNO._project``'s chunks.
 
-Forward without autograd (``mlp_unrecorded``, one resident hidden buffer per chunk), and forward +
-backward (``chunked_mlp``), on one rank's block, each variant with chunks of ``--chunk-mib`` MiB of
-intermediates; medians of interleaved repeats, with the FLOPs, the achieved rate and this machine's
-measured matmul and copy ceilings in the same run.
+Forward without autograd (``mlp_unrecorded``, resident buffers), and forward + backward (``chunked_mlp``),
+on one rank's block. Each variant runs chunks cut into one piece of ``--piece-mib`` MiB of intermediates
+per thread (each piece one gemm of a batched gemm, as drift does), or chunks of ``--chunk-mib`` MiB not
+cut (one gemm shared by the threads, as before the pieces). Medians (and the fastest) of interleaved
+repeats, with the FLOPs, the achieved rate and this machine's measured matmul and copy ceilings in the
+same run.
 
     python benchmarks/projection.py --shape 16x64x32x30 --width 20 --repeats 5 --json results/projection.json
+    python benchmarks/projection.py --shape 64x64x32x30 --chunk-mib 16 --piece-mib 1 2 4 --no-whole
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=20)
     parser.add_argument("--out-channels", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--chunk-mib", type=float, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--chunk-mib", type=float, nargs="+", default=[16], help="chunks not cut into pieces")
+    parser.add_argument("--piece-mib", type=float, nargs="+", default=[1, 2, 4], help="pieces a thread")
+    parser.add_argument("--no-whole", action="store_true", help="leave out the whole-tensor variant")
     parser.add_argument("--json")
     args = parser.parse_args()
     shape = tuple(int(n) for n in args.shape.split("x"))
@@ -56,19 +61,27 @@ def main() -> None:
     def whole() -> torch.Tensor:
         return out(F.gelu(hidden(x)))
 
-    variants = {"whole": whole}
+    variants = {} if args.no_whole else {"whole": whole}
     for mib in args.chunk_mib:
-        variants[f"chunked {mib:g} MiB"] = lambda mib=mib: _chunked(model, x, mib)
+        variants[f"chunks {mib:g} MiB"] = lambda mib=mib: _chunked(model, x, mib, cut=False)
+    for mib in args.piece_mib:
+        variants[f"pieces {mib:g} MiB"] = lambda mib=mib: _chunked(model, x, mib)
     points = math.prod(shape)
     flops = 2 * points * (args.width * hidden.weight.shape[0] + hidden.weight.shape[0] * args.out_channels)
-    times: dict[str, dict[str, list[float]]] = {name: {"forward": [], "train": []} for name in variants}
+    times = {name: {"forward": [], "train": [], "backward": []} for name in variants}
     ceilings = [_ceilings()]
     for _ in range(args.repeats):
         for name, fn in variants.items():
             with torch.no_grad():
                 times[name]["forward"].append(_seconds(fn))
             x.requires_grad_(True)
-            times[name]["train"].append(_seconds(lambda fn=fn: fn().sum().backward()))
+            began = time.perf_counter()
+            y = fn().sum()
+            recorded = time.perf_counter()
+            y.backward()
+            ended = time.perf_counter()
+            times[name]["train"].append(ended - began)
+            times[name]["backward"].append(ended - recorded)
             x.requires_grad_(False)
             x.grad = None
             model.zero_grad(set_to_none=True)
@@ -76,29 +89,43 @@ def main() -> None:
     matmul = statistics.median(c["matmul_gflops"] for c in ceilings)
     copy = statistics.median(c["copy_gbps"] for c in ceilings)
     print(f"projection {args.width} -> 128 -> {args.out_channels} on {args.shape} ({flops / 1e9:.2f} GFLOP forward)")
-    print(f"machine: matmul {matmul:.0f} GFLOP/s, copy {copy:.1f} GB/s (medians over the run)")
+    print(f"machine: matmul {matmul:.0f} GFLOP/s, copy {copy:.1f} GB/s (medians over the run); medians (fastest)")
     rows = []
-    base = statistics.median(times["whole"]["forward"])
+    first = next(iter(variants))
+    base = statistics.median(times[first]["forward"])
     for name, t in times.items():
-        forward, train = statistics.median(t["forward"]), statistics.median(t["train"])
-        rate = flops / forward / 1e9
-        rows.append(dict(variant=name, forward_s=forward, train_s=train, forward_gflops=rate))
+        median = {key: statistics.median(v) for key, v in t.items()}
+        fastest = {key: min(v) for key, v in t.items()}
+        rate = flops / median["forward"] / 1e9
+        rows.append(
+            dict(
+                variant=name,
+                **{f"{k}_s": v for k, v in median.items()},
+                forward_gflops=rate,
+                **{f"{k}_fastest_s": v for k, v in fastest.items()},
+            )
+        )
         print(
-            f"{name:18s} forward {forward:7.3f} s ({base / forward:4.1f}x whole, {rate:5.1f} GFLOP/s = "
-            f"{rate / matmul:4.0%} of matmul)   forward+backward {train:7.3f} s"
+            f"{name:18s} forward {median['forward']:6.3f} s ({base / median['forward']:4.1f}x {first}, "
+            f"{rate:5.1f} GFLOP/s = {rate / matmul:4.0%} of matmul)  forward+backward {median['train']:6.3f} s, "
+            f"backward {median['backward']:6.3f} ({fastest['backward']:.3f}) s"
         )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args=vars(args), flops=flops, matmul_gflops=matmul, copy_gbps=copy, rows=rows), f, indent=2)
 
 
-def _chunked(model: FNO, x: torch.Tensor, mib: float) -> torch.Tensor:
-    saved = dict(chunked.CHUNK_BYTES)
-    chunked.CHUNK_BYTES[x.device.type] = int(mib * 2**20)
+def _chunked(model: FNO, x: torch.Tensor, mib: float, cut: bool = True) -> torch.Tensor:
+    """The projection with pieces of ``mib`` MiB a thread, or (``cut=False``) chunks of ``mib`` MiB each one
+    gemm for all threads, as before the pieces."""
+    saved_piece, saved_parts = chunked.PIECE_BYTES, chunked._parts
+    chunked.PIECE_BYTES = int(mib * 2**20)
+    if not cut:
+        chunked._parts = lambda device: 1
     try:
         return model._project(x)
     finally:
-        chunked.CHUNK_BYTES.update(saved)
+        chunked.PIECE_BYTES, chunked._parts = saved_piece, saved_parts
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ process: time and peak memory, this tree against ``--before``, side by side.
 Each measurement is a fresh process (so that its peak resident memory is the step's), rounds alternating
 the two source trees (``--before`` extracted with ``git archive``); it reports the fastest of three steps
 (the first maps every tensor afresh) with its phases (recorded forward, backward, optimizer) and the
-memory it page-faulted, the peak RSS and the loss (which must agree), and the ratios after / before.
+memory it page-faulted, the fastest of three forwards without autograd (one after each step), the peak
+RSS and the loss (which must agree), and the ratios after / before.
 ``--what block``: one FNO block (``fno_block``, width 20), the fastest of three forwards and backwards,
 on one process or (``--ranks P``) on a slab over P Gloo ranks started by torchrun, each with
 ``--threads`` threads; wall seconds (between barriers) and rank 0's CPU seconds, the steadier figure on a
@@ -105,7 +106,7 @@ def _worker(shape: tuple[int, ...], threads: int) -> None:
     optimizer = Adam(model.parameters(), lr=1e-3)
     x, y = torch.randn(1, 5, *shape), torch.randn(1, 5, *shape)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    steps = []
+    steps, forwards = [], []
     for _ in range(STEPS):
         marks = [_mark()]
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -116,13 +117,11 @@ def _worker(shape: tuple[int, ...], threads: int) -> None:
         optimizer.step()
         marks.append(_mark())
         steps.append(marks)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    forwards = []
-    with torch.no_grad():
-        for _ in range(2):
+        with torch.no_grad():  # interleaved with the steps, so that a slow stretch of the host hits both
             began = time.perf_counter()
             model(x)
             forwards.append(time.perf_counter() - began)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     fastest = min(steps, key=lambda marks: marks[-1][0] - marks[0][0])
     (began, faults), *ends = fastest
     phases = {f"{name}_s": end[0] - start[0] for name, start, end in zip(PHASES, fastest[:-1], ends, strict=True)}

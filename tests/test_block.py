@@ -140,13 +140,24 @@ def test_mix_channels_gradients_equal_einsum(dtype, batch):
 @pytest.mark.parametrize("act", [F.gelu, torch.tanh], ids=["gelu", "tanh"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("points", [None, 7], ids=["one-chunk", "7-point-chunks"])
-def test_chunked_mlp_equals_autograd(act, dtype, points):
-    """The projection's two layers: value and every gradient, batch 2, 30 points (ragged chunks of 7)."""
+@pytest.mark.parametrize("threads", [1, 3])
+def test_chunked_mlp_equals_autograd(act, dtype, points, threads):
+    """The projection's two layers: value and every gradient, batch 2, 30 points (ragged chunks of 7), its
+    backward's chunks cut into one piece per thread where they divide (30 points into 3, not 7)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_chunked_mlp(act, dtype, points)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_chunked_mlp(act, dtype, points):
     x = random_tensor((2, 4, 6, 5), dtype, 1).requires_grad_(True)
     params = [
         random_tensor(shape, dtype, 2 + i).requires_grad_(True) for i, shape in enumerate([(9, 4), (9,), (3, 9), (3,)])
     ]
-    per_point = 3 * 2 * 9 * dtype.itemsize  # chunked_mlp's bytes per point
+    per_point = 3 * 9 * dtype.itemsize  # chunked_mlp's bytes per point
     out = chunked_mlp(x, *params, act, chunk_bytes=points and per_point * points)
     grad = random_tensor(out.shape, dtype, 6)
     out.backward(grad)

@@ -513,21 +513,21 @@ def test_spectral_conv_into_a_preallocated_tensor(method, modes):
 @pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])
 def test_fno_without_autograd_matches(monkeypatch, non_linearity):
     """Unrecorded, the blocks accumulate the pointwise gemm into the spectral output in place, in two
-    resident activation buffers, and the projection runs through two resident buffers (its input over a
-    row of ones, its hidden layer), in chunks (here 5 points per projection chunk, a ragged last one);
-    outputs never alias those buffers."""
+    resident activation buffers, and the projection runs through three resident buffers (its input over a
+    row of ones, its hidden layer, its output), in chunks (here pieces of 5 points, one a thread, a ragged
+    last chunk); outputs never alias those buffers."""
     import drift.nn.chunked as chunked
 
     torch.manual_seed(4)
     model = FNO(2, 1, 6, (2, 2, 3), n_layers=3, dtype=torch.float64, non_linearity=non_linearity)
     x = random_tensor((2, 2, 9, 8, 6), torch.float64, 9)
-    monkeypatch.setitem(chunked.CHUNK_BYTES, x.device.type, model.project_hidden.weight.shape[0] * 8 * 5)
+    monkeypatch.setattr(chunked, "PIECE_BYTES", (model.project_hidden.weight.shape[0] + 1) * 8 * 5)
     recorded = model(x)
     with torch.no_grad():
         unrecorded = model(x)
         buffers = [b.data_ptr() for b in model._activations._buffers.values()]
         again = model(2 * x)
-        assert [b.data_ptr() for b in model._activations._buffers.values()] == buffers and len(buffers) == 4
+        assert [b.data_ptr() for b in model._activations._buffers.values()] == buffers and len(buffers) == 5
     with torch.inference_mode():
         inference = model(x)
     model(x)  # a recorded forward releases the resident buffers
@@ -544,13 +544,14 @@ def test_fno_without_autograd_matches(monkeypatch, non_linearity):
 
 @pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])
 def test_projection_in_chunks_matches_forward_and_backward(monkeypatch, non_linearity):
-    """The projection runs a chunk of points at a time (here 7 points), forward and backward (recomputed)."""
+    """The projection runs a chunk of points at a time (here pieces of 7 points, one a thread), forward and
+    backward (recomputed)."""
     import drift.nn.chunked as chunked
 
     torch.manual_seed(5)
     model = FNO(2, 3, 6, (2, 2, 3), n_layers=1, dtype=torch.float64, non_linearity=non_linearity)
     x = random_tensor((2, 2, 9, 8, 6), torch.float64, 10).requires_grad_(True)
-    monkeypatch.setitem(chunked.CHUNK_BYTES, x.device.type, 2 * 2 * model.project_hidden.weight.shape[0] * 8 * 7)
+    monkeypatch.setattr(chunked, "PIECE_BYTES", 3 * model.project_hidden.weight.shape[0] * 8 * 7)
     y = model(x)
     _loss(y, 7).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}

@@ -28,12 +28,15 @@ from torch.nn import functional as F
 from drift import memory
 from drift._plan import Workspace
 
-# Intermediates per chunk. On the CPU below glibc's largest mmap threshold (32 MiB), so that chunks reuse
-# the heap instead of page-faulting fresh maps (benchmarks/projection.py: 16 MiB was the fastest of 2-16
-# MiB, 4x the whole-tensor forward; through one resident buffer, fastest of 1-32 MiB too); elsewhere
-# large, each chunk costing kernel launches.
+# Intermediates per chunk of the pointwise layers. On the CPU below glibc's largest mmap threshold (32 MiB), so
+# that chunks reuse the heap instead of page-faulting fresh maps; elsewhere large, each chunk costing kernel
+# launches.
 CHUNK_BYTES = {"cpu": 16 * 2**20}
 OTHER_DEVICES_CHUNK_BYTES = 256 * 2**20
+# The projection on the CPU: intermediates per thread, each thread's piece of a chunk one gemm of a batched
+# gemm (``_parts``), small enough to run from its core's cache (benchmarks/projection.py: MKL shares a thin
+# gemm poorly between threads; see docs/BENCHMARKS.md for the sizes tried).
+PIECE_BYTES = 2 * 2**20
 
 PointwiseFn = Callable[..., torch.Tensor]
 Activation = Callable[[torch.Tensor], torch.Tensor]
@@ -66,6 +69,17 @@ def _points_per_chunk(device: torch.device, bytes_per_point: int, chunk_bytes: i
     return max(1, chunk_bytes // max(1, bytes_per_point))
 
 
+def _parts(device: torch.device) -> int:
+    """Pieces a chunk is cut into for one batched gemm, one piece per thread on the CPU: MKL shares a thin
+    gemm (an inner or outer dimension of 5-21) poorly between threads, a batch of them well."""
+    return torch.get_num_threads() if device.type == "cpu" else 1
+
+
+def _split(t: torch.Tensor, parts: int) -> torch.Tensor:
+    """``(c, m)`` as ``(parts, c, m / parts)``: consecutive runs of points, a view."""
+    return t.unflatten(-1, (parts, t.shape[-1] // parts)).transpose(0, 1)
+
+
 def activate_(non_linearity: Activation, x: torch.Tensor) -> torch.Tensor:
     """``x`` overwritten by ``activate(non_linearity, x)``; in place without a temporary for real ``x``
     and exact GeLU (``F.gelu``, ``nn.GELU()``), ``F.relu`` or ``torch.relu``."""
@@ -86,32 +100,48 @@ def mlp_unrecorded(
     non_linearity: Activation,
     work: Workspace,
 ) -> torch.Tensor:
-    """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a chunk (``CHUNK_BYTES``)
-    of points at a time through resident buffers of ``work``: the hidden layer never exists for the whole
-    block and nothing is allocated per chunk. A bias rides in its gemm as a column of ``W`` against a row
-    of ones below the chunk (``addmm`` would first copy it over the whole hidden chunk). Returns a fresh
+    """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a chunk of points at a
+    time (``PIECE_BYTES`` of hidden layer per thread on the CPU, each thread's piece one gemm of a batched
+    gemm) through resident buffers of ``work``: the hidden layer never exists for the whole block and
+    nothing is allocated per chunk. A bias rides in its gemm as a column of ``W`` against a row of ones
+    below the chunk (``addmm`` would first copy it over the whole hidden chunk). Returns a fresh
     ``(b, c_out, *spatial)`` (``drift.memory``)."""
     flat = _flat(x)
     out = memory.empty((x.shape[0], w2.shape[0], flat.shape[2]), x.dtype, x.device)
-    hidden, width = w1.shape
-    step = _points_per_chunk(x.device, hidden * x.element_size())
-    w1_b1 = w1 if b1 is None else torch.cat((w1, b1[:, None]), 1)
-    w2_b2 = w2 if b2 is None else torch.cat((w2, b2[:, None]), 1)
-    inputs = work.get(("mlp_input",), (w1_b1.shape[1] * step,), x.dtype, x.device) if b1 is not None else None
-    buffer = work.get(("mlp_hidden",), (w2_b2.shape[1] * step,), x.dtype, x.device)
+    (hidden, width), out_channels = w1.shape, w2.shape[0]
+    parts = _parts(x.device)
+    step = _points_per_chunk(x.device, (hidden + 1) * x.element_size(), _mlp_chunk_bytes(x.device))
+    size = -(-step // parts) * parts
+    w1_b1 = (w1 if b1 is None else torch.cat((w1, b1[:, None]), 1)).expand(parts, -1, -1)
+    w2_b2 = (w2 if b2 is None else torch.cat((w2, b2[:, None]), 1)).expand(parts, -1, -1)
+    inputs = work.get(("mlp_input",), (w1_b1.shape[2] * size,), x.dtype, x.device)
+    buffer = work.get(("mlp_hidden",), (w2_b2.shape[2] * size,), x.dtype, x.device)
+    results = work.get(("mlp_output",), (out_channels * size,), x.dtype, x.device)
     for i in range(flat.shape[0]):
         for s in range(0, flat.shape[2], step):
-            part = flat[i, :, s : s + step]
-            m = part.shape[1]
-            if inputs is not None:
-                part = _with_ones(_chunk_view(inputs, width + 1, m), part)
-            h = _chunk_view(buffer, w2_b2.shape[1], m)
-            torch.mm(w1_b1, part, out=h[:hidden])
-            activate_(non_linearity, h[:hidden])
+            m = min(step, flat.shape[2] - s)
+            q = parts if m % parts == 0 else 1
+            part = _split(flat[i, :, s : s + m], q)
+            if b1 is None:
+                part = _chunk_view(inputs, q, width, m // q).copy_(part)
+            else:
+                part = _with_ones(_chunk_view(inputs, q, width + 1, m // q), part)
+            h = _chunk_view(buffer, q, w2_b2.shape[2], m // q)
+            torch.bmm(w1_b1[:q], part, out=h[:, :hidden])
+            activate_(non_linearity, h[:, :hidden])
             if b2 is not None:
-                h[hidden].fill_(1)
-            torch.mm(w2_b2, h, out=out[i, :, s : s + step])
+                h[:, hidden].fill_(1)
+            if q == 1:
+                torch.mm(w2_b2[0], h[0], out=out[i, :, s : s + m])
+            else:  # through a buffer: bmm into the strided pieces of out runs several times slower
+                result = torch.bmm(w2_b2[:q], h, out=_chunk_view(results, q, out_channels, m // q))
+                _split(out[i, :, s : s + m], q).copy_(result)
     return out.view(x.shape[0], w2.shape[0], *x.shape[2:])
+
+
+def _mlp_chunk_bytes(device: torch.device) -> int:
+    """The projection's intermediates per chunk: ``PIECE_BYTES`` a thread on the CPU."""
+    return _parts(device) * PIECE_BYTES if device.type == "cpu" else OTHER_DEVICES_CHUNK_BYTES
 
 
 def _with_ones(buffer: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
@@ -333,9 +363,10 @@ def pointwise_activation(
 
 class _ChunkedMLP(torch.autograd.Function):
     """``W2 act(W1 x + b1) + b2`` on ``(b, c, *spatial)`` blocks. The forward pass is the unrecorded one's
-    (``mlp_unrecorded``: ``CHUNK_BYTES`` hidden buffers, the activation in place) and saves ``x``
-    alone. The backward pass recomputes the hidden layer ``step`` points at a time through three
-    chunk-sized buffers made once per call, the bias ``b1`` riding in the first gemm as a column of ``W1``
+    (``mlp_unrecorded``: resident hidden buffers, the activation in place) and saves ``x``
+    alone. The backward pass recomputes the hidden layer ``step`` points of one batch item at a time,
+    cut into one piece per thread (``_parts``), through chunk-sized buffers made once per call, each gemm
+    a batched one over the pieces. The bias ``b1`` rides in the first gemm as a column of ``W1``
     against a row of ones below the chunk of ``x`` (a copy of ``c`` rows, where adding it would touch
     every hidden row), which also makes ``b1``'s gradient a column of that gemm's."""
 
@@ -351,42 +382,50 @@ class _ChunkedMLP(torch.autograd.Function):
         x, w1, b1, w2, b2 = ctx.saved_tensors
         act, step = ctx.act, ctx.step
         need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[2:]
-        batch, width, hidden = x.shape[0], w1.shape[1], w1.shape[0]
+        batch, width, hidden, out_channels = x.shape[0], w1.shape[1], w1.shape[0], w2.shape[0]
         flat_x, flat_grad = _flat(x), _flat(grad)
         grad_x = memory.empty_like(x) if need_x else None
         flat_grad_x = None if grad_x is None else _flat(grad_x)
+        parts = _parts(x.device)
         # (W1 b1)'s gradient transposed: MKL runs xs g_h^T faster than g_h xs^T at these shapes (K = points).
-        grad_w1_b1_t = x.new_zeros(batch, width + 1, hidden) if need_w1 or need_b1 else None
-        grad_w2 = x.new_zeros(batch, *w2.shape) if need_w2 else None
-        grad_b2 = x.new_zeros(w2.shape[0]) if need_b2 else None
-        w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(batch, -1, -1)
-        w1_t, w2_t = w1.mT.expand(batch, -1, -1), w2.mT.expand(batch, -1, -1)
-        ones_x, h, a, ga = (x.new_empty(batch * rows * step) for rows in (width + 1, hidden, hidden, hidden))
-        for s in range(0, flat_x.shape[2], step):
-            m = min(step, flat_x.shape[2] - s)
-            g = flat_grad[..., s : s + m]
-            xs = _with_ones(_chunk_view(ones_x, batch, width + 1, m), flat_x[..., s : s + m])
-            hs, acts, g_h = (_chunk_view(t, batch, hidden, m) for t in (h, a, ga))
-            torch.bmm(w1_b1, xs, out=hs)
-            torch.bmm(w2_t, g, out=g_h)  # the gradient of act(h), then of h in place
-            if _is_exact_gelu(act):
-                torch.ops.aten.gelu.out(hs, approximate="none", out=acts)
-                torch.ops.aten.gelu_backward.grad_input(g_h, hs, approximate="none", grad_input=g_h)
-            else:
-                with torch.enable_grad():
-                    leaf = hs.detach().requires_grad_(True)
-                    activated = act(leaf)
-                    (found,) = torch.autograd.grad(activated, leaf, g_h)
-                acts.copy_(activated.detach())
-                g_h.copy_(found)
-            if grad_w2 is not None:
-                grad_w2.baddbmm_(g, acts.mT)
-            if grad_b2 is not None:
-                grad_b2 += g.sum((0, 2))
-            if grad_w1_b1_t is not None:
-                grad_w1_b1_t.baddbmm_(xs, g_h.mT)
-            if grad_x is not None:
-                torch.bmm(w1_t, g_h, out=flat_grad_x[..., s : s + m])
+        grad_w1_b1_t = x.new_zeros(parts, width + 1, hidden) if need_w1 or need_b1 else None
+        grad_w2 = x.new_zeros(parts, *w2.shape) if need_w2 else None
+        grad_b2 = x.new_zeros(out_channels) if need_b2 else None
+        w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(parts, -1, -1)
+        w1_t, w2_t = w1.mT.expand(parts, -1, -1), w2.mT.expand(parts, -1, -1)
+        size = -(-step // parts) * parts
+        ones_x, g_buf, gx_buf, h, a, ga = (
+            x.new_empty(rows * size) for rows in (width + 1, out_channels, width, hidden, hidden, hidden)
+        )
+        for i in range(batch):
+            for s in range(0, flat_x.shape[2], step):
+                m = min(step, flat_x.shape[2] - s)
+                q = parts if m % parts == 0 else 1
+                xs = _with_ones(_chunk_view(ones_x, q, width + 1, m // q), _split(flat_x[i, :, s : s + m], q))
+                g = _chunk_view(g_buf, q, out_channels, m // q).copy_(_split(flat_grad[i, :, s : s + m], q))
+                hs, acts, g_h = (_chunk_view(t, q, hidden, m // q) for t in (h, a, ga))
+                torch.bmm(w1_b1[:q], xs, out=hs)
+                torch.bmm(w2_t[:q], g, out=g_h)  # the gradient of act(h), then of h in place
+                if _is_exact_gelu(act):
+                    torch.ops.aten.gelu.out(hs, approximate="none", out=acts)
+                    torch.ops.aten.gelu_backward.grad_input(g_h, hs, approximate="none", grad_input=g_h)
+                else:
+                    with torch.enable_grad():
+                        leaf = hs.detach().requires_grad_(True)
+                        activated = act(leaf)
+                        (found,) = torch.autograd.grad(activated, leaf, g_h)
+                    acts.copy_(activated.detach())
+                    g_h.copy_(found)
+                if grad_w2 is not None:
+                    grad_w2[:q].baddbmm_(g, acts.mT)
+                if grad_b2 is not None:
+                    grad_b2 += g.sum((0, 2))
+                if grad_w1_b1_t is not None:
+                    grad_w1_b1_t[:q].baddbmm_(xs, g_h.mT)
+                if grad_x is not None:
+                    # through a buffer: bmm into the strided parts of grad_x runs several times slower
+                    gx = torch.bmm(w1_t[:q], g_h, out=_chunk_view(gx_buf, q, width, m // q))
+                    _split(flat_grad_x[i, :, s : s + m], q).copy_(gx)
         grad_w1 = grad_b1 = None
         if grad_w1_b1_t is not None:
             total = grad_w1_b1_t.sum(0).T.contiguous()
@@ -405,12 +444,14 @@ def chunked_mlp(
     chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """The two-layer pointwise MLP ``W2 non_linearity(W1 x + b1) + b2`` on real ``x`` ``(b, c, *spatial)``
-    (``W1`` ``(hidden, c)``, ``W2`` ``(out, hidden)``), a chunk of points at a time forward and backward
-    (``CHUNK_BYTES`` of hidden-layer buffers per chunk), recorded as one autograd node that saves ``x``
-    and recomputes each chunk's hidden layer in the backward pass: the hidden layer never exists whole.
+    (``W1`` ``(hidden, c)``, ``W2`` ``(out, hidden)``), a chunk of points at a time forward and backward,
+    recorded as one autograd node that saves ``x`` and recomputes each chunk's hidden layer in the
+    backward pass: the hidden layer never exists whole. The backward's chunks hold ``chunk_bytes`` of
+    intermediates (default, as the forward's: ``PIECE_BYTES`` per thread on the CPU, each thread's piece
+    one gemm of a batched gemm).
     ``act'`` is closed-form for exact GeLU, autograd on the chunk for any other callable (the general
     path). Returns ``(b, out, *spatial)``."""
     x = x.contiguous()
-    per_point = 3 * x.shape[0] * w1.shape[0] * x.element_size()  # h, act(h) and their gradient
-    step = _points_per_chunk(x.device, per_point, chunk_bytes)
+    per_point = 3 * w1.shape[0] * x.element_size()  # h, act(h) and their gradient, one batch item at a time
+    step = _points_per_chunk(x.device, per_point, chunk_bytes or _mlp_chunk_bytes(x.device))
     return _ChunkedMLP.apply(non_linearity, step, x, w1, b1, w2, b2)
