@@ -4,8 +4,9 @@ process: time and peak memory, this tree against ``--before``, side by side.
 Each measurement is a fresh process (so that its peak resident memory is the step's), rounds alternating
 the two source trees (``--before`` extracted with ``git archive``); it reports the fastest of three steps
 (the first maps every tensor afresh) with its phases (recorded forward, backward, optimizer) and the
-memory it page-faulted, the fastest of three forwards without autograd (one after each step), the peak
-RSS and the loss (which must agree), and the ratios after / before.
+memory it page-faulted, the fastest of three forwards without autograd (after each step, the second of
+two: the first makes the resident buffers that a recorded forward releases), the peak RSS and the loss
+(which must agree), and the ratios after / before.
 ``--what block``: one FNO block (``fno_block``, width 20), the fastest of three forwards and backwards,
 on one process or (``--ranks P``) on a slab over P Gloo ranks started by torchrun, each with
 ``--threads`` threads; wall seconds (between barriers) and rank 0's CPU seconds, the steadier figure on a
@@ -118,6 +119,7 @@ def _worker(shape: tuple[int, ...], threads: int) -> None:
         marks.append(_mark())
         steps.append(marks)
         with torch.no_grad():  # interleaved with the steps, so that a slow stretch of the host hits both
+            model(x)  # a recorded forward released the resident buffers: this one makes them again
             began = time.perf_counter()
             model(x)
             forwards.append(time.perf_counter() - began)
