@@ -18,7 +18,7 @@ output ``y`` in place (``accumulate_in_place``); recorded, it is one autograd no
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -75,6 +75,14 @@ def _parts(device: torch.device) -> int:
     return torch.get_num_threads() if device.type == "cpu" else 1
 
 
+def _pieces(points: int, step: int, parts: int) -> Iterator[tuple[int, int, int]]:
+    """``(start, m, q)`` per chunk of ``step`` points: ``m`` points cut into ``q`` pieces (``parts`` where
+    they divide evenly, else one: a ragged last chunk)."""
+    for start in range(0, points, step):
+        m = min(step, points - start)
+        yield start, m, parts if m % parts == 0 else 1
+
+
 def _split(t: torch.Tensor, parts: int) -> torch.Tensor:
     """``(c, m)`` as ``(parts, c, m / parts)``: consecutive runs of points, a view."""
     return t.unflatten(-1, (parts, t.shape[-1] // parts)).transpose(0, 1)
@@ -118,9 +126,7 @@ def mlp_unrecorded(
     buffer = work.get(("mlp_hidden",), (w2_b2.shape[2] * size,), x.dtype, x.device)
     results = work.get(("mlp_output",), (out_channels * size,), x.dtype, x.device)
     for i in range(flat.shape[0]):
-        for s in range(0, flat.shape[2], step):
-            m = min(step, flat.shape[2] - s)
-            q = parts if m % parts == 0 else 1
+        for s, m, q in _pieces(flat.shape[2], step, parts):
             part = _split(flat[i, :, s : s + m], q)
             if b1 is None:
                 part = _chunk_view(inputs, q, width, m // q).copy_(part)
@@ -139,9 +145,10 @@ def mlp_unrecorded(
     return out.view(x.shape[0], w2.shape[0], *x.shape[2:])
 
 
-def _mlp_chunk_bytes(device: torch.device) -> int:
-    """The projection's intermediates per chunk: ``PIECE_BYTES`` a thread on the CPU."""
-    return _parts(device) * PIECE_BYTES if device.type == "cpu" else OTHER_DEVICES_CHUNK_BYTES
+def _mlp_chunk_bytes(device: torch.device) -> int | None:
+    """The projection's intermediates per chunk: ``PIECE_BYTES`` a thread on the CPU; elsewhere None,
+    ``_points_per_chunk``'s default."""
+    return _parts(device) * PIECE_BYTES if device.type == "cpu" else None
 
 
 def _with_ones(buffer: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
@@ -398,9 +405,7 @@ class _ChunkedMLP(torch.autograd.Function):
             x.new_empty(rows * size) for rows in (width + 1, out_channels, width, hidden, hidden, hidden)
         )
         for i in range(batch):
-            for s in range(0, flat_x.shape[2], step):
-                m = min(step, flat_x.shape[2] - s)
-                q = parts if m % parts == 0 else 1
+            for s, m, q in _pieces(flat_x.shape[2], step, parts):
                 xs = _with_ones(_chunk_view(ones_x, q, width + 1, m // q), _split(flat_x[i, :, s : s + m], q))
                 g = _chunk_view(g_buf, q, out_channels, m // q).copy_(_split(flat_grad[i, :, s : s + m], q))
                 hs, acts, g_h = (_chunk_view(t, q, hidden, m // q) for t in (h, a, ga))
@@ -423,7 +428,7 @@ class _ChunkedMLP(torch.autograd.Function):
                 if grad_w1_b1_t is not None:
                     grad_w1_b1_t[:q].baddbmm_(xs, g_h.mT)
                 if grad_x is not None:
-                    # through a buffer: bmm into the strided parts of grad_x runs several times slower
+                    # through a buffer: bmm into the strided pieces of grad_x runs several times slower
                     gx = torch.bmm(w1_t[:q], g_h, out=_chunk_view(gx_buf, q, width, m // q))
                     _split(flat_grad_x[i, :, s : s + m], q).copy_(gx)
         grad_w1 = grad_b1 = None
