@@ -21,7 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-MIN_BYTES = 32 * 2**20  # glibc's largest mmap threshold: smaller tensors come from its heap
+# Smaller tensors come from glibc's heap without faults. Larger ones fault: above 32 MiB (its largest mmap
+# threshold) every time, and down to a few MiB whenever glibc has returned the heap's top to the kernel
+# (a training step's 10 MB spectra did).
+MIN_BYTES = 2**20
 STALE_TAKES = 256  # a free storage not handed out in the last this many requests is released
 
 

@@ -82,11 +82,20 @@ def spectral_weight(
 
 def _mix(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """One multiply-add per input channel into one output, vectorised over the modes (several times
-    faster on CPU than einsum's tiny batched gemms); not recorded by autograd."""
-    y = x[:, 0].unsqueeze(1) * w[0]
+    faster on CPU than einsum's tiny batched gemms); not recorded by autograd. The output comes from
+    ``drift.memory``'s pool: a fresh one page-faults on every call."""
+    shape = (x.shape[0], w.shape[1], *torch.broadcast_shapes(x.shape[2:], w.shape[2:]))
+    y = torch.mul(x[:, 0].unsqueeze(1), w[0], out=memory.empty(shape, torch.result_type(x, w), x.device))
     for i in range(1, x.shape[1]):
         y.addcmul_(x[:, i].unsqueeze(1), w[i])
     return y
+
+
+def _conj(t: torch.Tensor) -> torch.Tensor:
+    """``conj(t)`` materialised: recorded under grad mode (a double backward), else into a pooled tensor."""
+    if torch.is_grad_enabled():
+        return torch.conj_physical(t)
+    return torch.conj_physical(t, out=memory.empty_like(t))
 
 
 class _MixChannels(torch.autograd.Function):
@@ -105,9 +114,9 @@ class _MixChannels(torch.autograd.Function):
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             # sum_o g conj(w[:, o]) = conj(sum_o conj(g) w[:, o]): conjugates of the small tensors only.
-            grad_x = torch.conj_physical(mix_channels(torch.conj_physical(grad), w.transpose(0, 1)))
+            grad_x = _conj(mix_channels(_conj(grad), w.transpose(0, 1)))
         if ctx.needs_input_grad[1]:
-            x_conj = torch.conj_physical(x)
+            x_conj = _conj(x)
             if x.shape[0] == 0:
                 grad_w = torch.zeros_like(w)
             elif torch.is_grad_enabled():  # a double backward records the product
