@@ -84,8 +84,9 @@ def _mix(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """One multiply-add per input channel into one output, vectorised over the modes (several times
     faster on CPU than einsum's tiny batched gemms); not recorded by autograd. The output comes from
     ``drift.memory``'s pool: a fresh one page-faults on every call."""
-    shape = (x.shape[0], w.shape[1], *torch.broadcast_shapes(x.shape[2:], w.shape[2:]))
-    y = torch.mul(x[:, 0].unsqueeze(1), w[0], out=memory.empty(shape, torch.result_type(x, w), x.device))
+    first, w0 = x[:, 0].unsqueeze(1), w[0]
+    shape = torch.broadcast_shapes(first.shape, w0.shape)
+    y = torch.mul(first, w0, out=memory.empty(shape, torch.result_type(x, w), x.device))
     for i in range(1, x.shape[1]):
         y.addcmul_(x[:, i].unsqueeze(1), w[i])
     return y
