@@ -38,7 +38,9 @@ def data(tmp_path_factory):
 
 
 def _config(data, out, **changes) -> TrainConfig:
-    base = TrainConfig(data=data, t_in=T_IN, t_out=T_OUT, width=4, modes=(2, 2, 2, 2), layers=2, epochs=2, lr=1e-2)
+    base = TrainConfig(
+        data=data, t_in=T_IN, t_out=T_OUT, width=4, modes=(2, 2, 2, 2), layers=2, epochs=2, lr=1e-2, plots=False
+    )
     return dataclasses.replace(base, out=str(out), device=DEVICE, progress=False, **changes)
 
 

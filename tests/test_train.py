@@ -52,7 +52,7 @@ def data(tmp_path_factory):
 
 def _config(data, out, **changes) -> TrainConfig:
     base = TrainConfig(
-        data=data, t_in=2, t_out=4, width=4, modes=(2, 2, 2, 2), layers=2, epochs=3, batch_size=2, lr=1e-2
+        data=data, t_in=2, t_out=4, width=4, modes=(2, 2, 2, 2), layers=2, epochs=3, batch_size=2, lr=1e-2, plots=False
     )
     return dataclasses.replace(base, out=str(out), device=DEVICE, progress=False, **changes)
 
@@ -88,7 +88,7 @@ def _close(a, b, rtol):
 
 def test_two_ranks_train_like_one(ranks, data, tmp_path):
     one = ranks.run(1, _train, _config(data, tmp_path / "p1"))[0]
-    two = ranks.run(2, _train, _config(data, tmp_path / "p2"))
+    two = ranks.run(2, _train, _config(data, tmp_path / "p2", plots=True))
     pencil = ranks.run(4, _train, _config(data, tmp_path / "p4", grid=(2, 2, 1)))
     # 2 data ranks x 2 spatial: 3 training trajectories in batches of 2, so the last batch leaves a
     # data rank with none (it still joins the collectives).
@@ -102,6 +102,7 @@ def test_two_ranks_train_like_one(ranks, data, tmp_path):
     assert _losses(rows) == _losses(two[0])
     for name in ("loss.png", "slice.png", "stats.json"):
         assert (tmp_path / "p2" / name).stat().st_size > 0
+    assert not any((tmp_path / "p1" / name).exists() for name in ("loss.png", "slice.png"))  # plots=False
 
 
 def _weights_and_targets(config: TrainConfig):
@@ -283,7 +284,7 @@ def _drift(*args):
     return subprocess.run([sys.executable, "-m", "drift", *args], capture_output=True, text=True, timeout=300)
 
 
-TINY = ["--t-in", "2", "--t-out", "4", "--width", "4", "--modes", "2", "--layers", "2", "--no-progress"]
+TINY = ["--t-in", "2", "--t-out", "4", "--width", "4", "--modes", "2", "--layers", "2", "--no-progress", "--no-plots"]
 
 
 def _fails_with_one_line(capsys, argv, names) -> None:

@@ -418,6 +418,12 @@ def _add_train(commands) -> None:
     )
     train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     train.add_argument(
+        "--no-plots",
+        dest="plots",
+        action="store_false",
+        help="no loss.png and slice.png at the end (matplotlib takes a few seconds for them)",
+    )
+    train.add_argument(
         "--on-nan",
         choices=ON_NAN,
         default=d.on_nan,

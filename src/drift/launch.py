@@ -12,11 +12,13 @@ Ranks placed by torchrun instead join their group with ``with process_group(devi
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import multiprocessing as mp
 import os
 import pickle
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -199,7 +201,7 @@ def _serve(rank: int, size: int, port: int, device: str, threads: int, group_tim
         conn.send((True, None, ""))
     except BaseException as exc:
         conn.send(_failure(exc))
-        return
+        _exit()
     with contextlib.suppress(EOFError):  # the parent is gone
         while task := conn.recv_bytes():  # an empty message: stop
             try:
@@ -212,6 +214,17 @@ def _serve(rank: int, size: int, port: int, device: str, threads: int, group_tim
             except Exception as exc:  # an unpicklable result
                 conn.send(_failure(exc))
     comm.destroy_process_group()
+    _exit()
+
+
+def _exit() -> None:
+    """End a pool rank with exit code 0: the exit handlers run and the standard streams are flushed, but
+    the interpreter's teardown of torch's modules, 0.6-0.9 s of one core per rank on a 2-core host, is
+    skipped (a rank's tasks have returned; nothing is left for it to finalise)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _Reply(NamedTuple):

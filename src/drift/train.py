@@ -137,6 +137,7 @@ class TrainConfig:
     t_in: int = 5
     t_out: int = 16
     progress: bool = True
+    plots: bool = True
     on_nan: str = "stop"
     split: str = "last"
 
@@ -717,7 +718,7 @@ def _train(config: TrainConfig) -> list[dict]:
     bar.close()
     if final is not None:
         _write_test_metrics(out, config.split, history[-1]["epoch"], test_l2, final.compute(), config.progress)
-    if history:
+    if history and config.plots:
         _plots(out, history, model, test_set, sharding, device, config.method)
     return history
 
