@@ -696,11 +696,13 @@ def test_auto_cost_model_counts_flops_and_bytes():
     kept, m = (8, 6, 5), 8 * 6 * 5
     costs = {c.method: c for c in method_costs(shape, modes, (4, 1, 1), in_channels=3, out_channels=2, machine=CPU)}
     rows = (5 + 4, 4 + 3, 5 + 4)  # real parts of 0..k, imaginary parts of 1..k (a half dim: 0..k-1, 1..k-1)
-    # With their copies weighed in, both maps contract the innermost dim first here (a real gemm to 2 x 5
-    # interleaved rows), then 16 -> 6 and 8 -> 8 complex: more FLOPs than the folded optimum.
-    per_channel = 2 * 8 * 16 * 12 * 10 + 8 * 8 * 5 * 16 * 6 + 8 * 6 * 5 * 8 * 8
-    assert drift.truncated.best_order(local, kept, True, rows=rows)[1] < per_channel
-    assert costs["drift"].flops == 5 * per_channel
+    # With their copies weighed in, the forward contracts 16 -> 7 folded rows first, then 12 -> 5 as a real
+    # gemm on those rows, then 8 -> 8; the inverse the innermost dim first (a real gemm to 2 x 5 interleaved
+    # rows), then 16 -> 6 and 8 -> 8 complex: more FLOPs than the folded optimum.
+    forward = 2 * 8 * 12 * 16 * 7 + 4 * 8 * 7 * 12 * 5 + 8 * 6 * 5 * 8 * 8
+    inverse = 2 * 8 * 16 * 12 * 10 + 8 * 8 * 5 * 16 * 6 + 8 * 6 * 5 * 8 * 8
+    assert drift.truncated.best_order(local, kept, True, rows=rows)[1] == forward < inverse
+    assert costs["drift"].flops == 3 * forward + 2 * inverse
     assert costs["drift"].bytes_sent == 3 / 4 * (3 + 2) * m * 8
     alpha, beta = CPU.alpha_s, CPU.beta_s_per_byte
     assert math.isclose(costs["drift"].comm_s, 2 * 3 * alpha + 3 / 4 * 5 * m * 8 * beta)

@@ -12,7 +12,10 @@ retained spectrum and needs no communication once every rank holds it.
 
 For a real field, ``B_i[N - f] = conj(B_i[f])`` at every offset, so the partial spectrum at -f is the
 conjugate of that at f: the first (real) stage computes each such pair of kept frequencies once
-(``_conjugate_fold``), and the inverse's last stage folds the pair before its real gemm.
+(``_conjugate_fold``), as real rows (the real parts, then the imaginary parts) that the second stage takes
+as they are: a real gemm with its basis' real and imaginary parts (half a complex gemm's FLOPs), whose
+output is expanded to the kept modes of both dims. The inverse mirrors it: its second-to-last stage folds
+each pair before a real gemm, and its last stage is a real gemm.
 
 Zero padding is implicit: padding dim i with ``b_i`` zeros before and ``a_i`` after the field only
 changes its basis (extent ``N_i + b_i + a_i``, offsets shifted by ``b_i``), and the inverse is evaluated
@@ -135,39 +138,49 @@ def contraction_flops(
     rows: Sequence[int] | None = None,
 ) -> int:
     """Forward FLOPs of one field when the dims are contracted in ``order``: a complex gemm per stage
-    (8 real FLOPs per multiply-add), the first a real gemm producing ``rows[dim]`` real rows when
-    ``real`` (``folded_rows``; ``2 * kept[dim]`` where ``rows`` is None or the dim is innermost)."""
+    (8 real FLOPs per multiply-add). When ``real`` the first stage is a real gemm: innermost (or where
+    ``rows`` is None, the count without folding) it produces ``2 * kept[dim]`` real values per line;
+    otherwise ``rows[dim]`` real rows (``folded_rows``), on which the second stage is a real gemm with its
+    basis' real and imaginary parts (4 FLOPs per complex multiply-add)."""
     sizes = list(local)
     total = 0
+    folded = None  # the dim whose real rows the next stage takes
     for step, dim in enumerate(order):
         rest = math.prod(sizes[:dim] + sizes[dim + 1 :])
         if real and step == 0:
-            innermost = math.prod(sizes[dim + 1 :]) == 1
-            total += 2 * rest * sizes[dim] * (2 * kept[dim] if rows is None or innermost else rows[dim])
+            if rows is None or math.prod(sizes[dim + 1 :]) == 1 or len(order) == 1:
+                total += 2 * rest * sizes[dim] * 2 * kept[dim]
+            else:
+                total += 2 * rest * sizes[dim] * rows[dim]
+                folded = dim
+                sizes[dim] = rows[dim]
+                continue
+        elif folded is not None:
+            total += 4 * rest * sizes[dim] * kept[dim]
+            sizes[folded], folded = kept[folded], None
         else:
             total += 8 * rest * sizes[dim] * kept[dim]
         sizes[dim] = kept[dim]
     return total
 
 
-# The cost of the real / complex (de)interleaving copy a real stage makes when its dim is not innermost,
-# in FLOP-equivalents per real value copied, measured on a 2-core AVX-512 host: the forward's expansion of
-# the gemm's rows into complex values is cheap, the inverse's (and the forward adjoint's) fold of complex
-# values into real and imaginary rows, strided, is not (at the FNO block of 16 x 64 x 32 x 30 the
-# innermost-first inverse ran 1.46x faster with 1.74x the FLOPs; at 64 x 64 x 32 x 30 it ran 1.10x slower
-# with 1.97x). Innermost-first orders make no copy.
+# The cost of the copy between folded real rows and complex values that a real field's first two stages
+# make when the first one's dim is not innermost, in FLOP-equivalents per real value copied, measured on a
+# 2-core AVX-512 host: the forward's expansion into complex values is cheap, the inverse's (and the forward
+# adjoint's) fold of complex values into real rows, strided, is not. Innermost-first orders make no copy.
 FORWARD_COPY_FLOPS = 16
 INVERSE_COPY_FLOPS = 144
 
 
 def interleave_copy(order: Sequence[int], local: Sequence[int], kept: Sequence[int], real: bool) -> int:
-    """Real values one field's real stage copies between real halves and complex values in ``order``: the
-    first forward stage's complex output (the last inverse stage's complex input), or 0 when that stage's
-    dim is innermost (a free view) or the field is complex."""
+    """Real values one field's first two stages in ``order`` copy between folded real rows and complex
+    values: the second forward stage's complex output (the second-to-last inverse stage's complex input),
+    or 0 when the first stage's dim is innermost (interleaved columns, a free view) or the field is
+    complex."""
     first = order[0]
-    if not real or math.prod(local[first + 1 :]) == 1:
+    if not real or len(order) == 1 or math.prod(local[first + 1 :]) == 1:
         return 0
-    return 2 * math.prod(kept[first] if i == first else n for i, n in enumerate(local))
+    return 2 * math.prod(kept[i] if i in order[:2] else n for i, n in enumerate(local))
 
 
 def best_order(
@@ -218,6 +231,10 @@ class _Fold:
     def rows(self) -> int:
         return len(self.frequencies) + sum(self.imaginary)
 
+    @property
+    def modes(self) -> int:
+        return sum(run.length for run in self.runs)
+
 
 def _conjugate_fold(modes: Sequence[int], n: int) -> _Fold:
     """The ``_Fold`` of the kept frequencies ``modes`` (in their order) of extent ``n``."""
@@ -245,50 +262,63 @@ def _conjugate_fold(modes: Sequence[int], n: int) -> _Fold:
     return _Fold(tuple(frequencies), imaginary, tuple(runs))
 
 
-def _expand(rows: torch.Tensor, fold: _Fold, out: torch.Tensor) -> torch.Tensor:
-    """The kept modes ``out`` (``(a, k, b)`` complex) from a real stage's gemm ``rows`` (``(a, fold.rows, b)``)."""
+def _expand_pairs(g: torch.Tensor, fold: _Fold, axis: int, pair_axis: int, out: torch.Tensor) -> torch.Tensor:
+    """The kept modes ``out`` (complex) from ``g``, the gemm of a basis' real and imaginary parts with a
+    real stage's rows: ``g`` holds on ``pair_axis`` (extent 2) that product's real and imaginary parts,
+    and on ``axis`` the rows (``fold.rows``), where ``out`` holds the kept modes. A row pair (R, I) of
+    frequency f gives the mode ``g(R) + i g(I)`` at f and ``g(R) - i g(I)`` at -f."""
+    real, imag = g.select(pair_axis, 0), g.select(pair_axis, 1)  # shaped as out, but rows on axis
     for run in fold.runs:
-        target = out[:, run.mode : run.mode + run.length]
-        real = rows[:, run.real_row : run.real_row + run.length]
+        target = out.narrow(axis, run.mode, run.length)
+        yr, yi = real.narrow(axis, run.real_row, run.length), imag.narrow(axis, run.real_row, run.length)
         if run.imag_row is None:
-            target.real.copy_(real)
-            target.imag.zero_()
+            target.real.copy_(yr)
+            target.imag.copy_(yi)
             continue
-        torch.complex(real, rows[:, run.imag_row : run.imag_row + run.length], out=target)
+        zr, zi = real.narrow(axis, run.imag_row, run.length), imag.narrow(axis, run.imag_row, run.length)
         if run.conj:
-            target.conj_physical_()
+            torch.add(yr, zi, out=target.real)
+            torch.sub(yi, zr, out=target.imag)
+        else:
+            torch.sub(yr, zi, out=target.real)
+            torch.add(yi, zr, out=target.imag)
     return out
 
 
-def _fold(t: torch.Tensor, fold: _Fold, parts: torch.Tensor) -> torch.Tensor:
-    """The adjoint of ``_expand``: ``parts`` (``(a, fold.rows, b)`` real) summed from the kept modes ``t``
-    (``(a, k, b)`` complex), a conjugate mode's imaginary part with its sign flipped."""
+def _fold_pairs(t: torch.Tensor, fold: _Fold, axis: int, pair_axis: int, parts: torch.Tensor) -> torch.Tensor:
+    """The adjoint of ``_expand_pairs``: ``parts`` (real, the rows on ``axis``, extent 2 on ``pair_axis``)
+    summed from the kept modes ``t`` (complex, the modes on ``axis``)."""
+    real, imag = parts.select(pair_axis, 0), parts.select(pair_axis, 1)
     for run in fold.runs:
-        source = t[:, run.mode : run.mode + run.length]
-        real = parts[:, run.real_row : run.real_row + run.length]
-        if run.first:
-            real.copy_(source.real)
-        else:
-            real.add_(source.real)
-        if run.imag_row is None:
-            continue
-        imag = parts[:, run.imag_row : run.imag_row + run.length]
-        sign = -1 if run.conj else 1
-        if run.first:
-            torch.mul(source.imag, sign, out=imag)
-        else:
-            imag.add_(source.imag, alpha=sign)
+        source = t.narrow(axis, run.mode, run.length)
+        pairs = [(real.narrow(axis, run.real_row, run.length), source.real, 1)]
+        pairs.append((imag.narrow(axis, run.real_row, run.length), source.imag, 1))
+        if run.imag_row is not None:
+            sign = -1 if run.conj else 1
+            pairs.append((real.narrow(axis, run.imag_row, run.length), source.imag, sign))
+            pairs.append((imag.narrow(axis, run.imag_row, run.length), source.real, -sign))
+        for target, value, sign in pairs:
+            if run.first:
+                torch.mul(value, sign, out=target) if sign < 0 else target.copy_(value)
+            else:
+                target.add_(value, alpha=sign)
     return parts
 
 
 @dataclass(frozen=True)
 class _Stage:
-    """One per-dim gemm with the matrix in buffer ``name``. ``right``: the dim is innermost in memory and
-    the tensor is viewed (A, n) and multiplied on the right; otherwise it is viewed (A, n, B) and the
-    matrix multiplies on the left. ``kind``: "complex", "real_in" (real input, complex output) or
-    "real_out" (complex input, real output, the real part only). ``fold``: a real stage's frequencies up
-    to sign when it multiplies on the left (real_in expands its gemm's rows, real_out folds its input).
-    Right real stages interleave real and imaginary columns instead."""
+    """One per-dim gemm with the real or complex matrix in buffer ``name``, taking the dim to extent
+    ``out``. ``right``: the dim is innermost in memory and the tensor is viewed (A, n) and multiplied on
+    the right; otherwise it is viewed (A, n, B) and the matrix multiplies on the left. ``kind``:
+    - "complex": complex input and output;
+    - "real_in" / "real_out": real input, complex output / complex input, the real part of the output,
+      on the right only: the matrix's columns (rows) interleave real and imaginary parts;
+    - "real": real input and output (a real field's first forward stage on the left, whose output is
+      folded real rows, and the inverse's last);
+    - "fold_expand": the real rows ``fold`` of dim ``fold_dim`` in, complex out: a real gemm with the
+      basis' real and imaginary parts, expanded to the kept modes of both dims (``_expand_pairs``);
+    - "fold_reduce": its adjoint, complex in, the rows of ``fold_dim`` out (``_fold_pairs``, then the gemm).
+    """
 
     dim: int
     name: str
@@ -296,6 +326,17 @@ class _Stage:
     kind: str
     out: int
     fold: _Fold | None = None
+    fold_dim: int | None = None
+
+    def extents(self, sizes: Sequence[int]) -> list[int]:
+        """The field's extents after this stage, from ``sizes`` before it."""
+        sizes = list(sizes)
+        sizes[self.dim] = self.out
+        if self.kind == "fold_expand":
+            sizes[self.fold_dim] = self.fold.modes
+        elif self.kind == "fold_reduce":
+            sizes[self.fold_dim] = self.fold.rows
+        return sizes
 
 
 def _apply(
@@ -309,39 +350,39 @@ def _apply(
     """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work``, and the result into
     ``out`` when that is given (a contiguous tensor of the result's shape)."""
 
-    def buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return work.get((*key, role), shape, dtype, t.device)
+    def buffer(role: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return work.get((*key, role), tuple(shape), dtype, t.device)
 
-    shape = t.shape
     pos = stage.dim + 1
+    new_shape = (t.shape[0], *stage.extents(t.shape[1:]))
+    if stage.kind == "fold_reduce":
+        folded = list(t.shape)
+        folded[stage.fold_dim + 1] = stage.fold.rows
+        parts = buffer("parts", (*folded[:pos], 2, *folded[pos:]), matrix.dtype)
+        t = _fold_pairs(t, stage.fold, stage.fold_dim + 1, pos, parts)
+        shape = (*folded[:pos], 2 * folded[pos], *folded[pos + 1 :])
+    else:
+        shape = t.shape
     lead, n, rest = math.prod(shape[:pos]), shape[pos], math.prod(shape[pos + 1 :])
-    new_shape = (*shape[:pos], stage.out, *shape[pos + 1 :])
     if stage.kind == "real_out":
-        if stage.right:
-            t = torch.view_as_real(t).reshape(lead, 2 * n)
-        else:
-            parts = buffer("parts", (lead, matrix.shape[1], rest), matrix.dtype)
-            t = _fold(t.reshape(lead, n, rest), stage.fold, parts)
+        t = torch.view_as_real(t).reshape(lead, 2 * n)
     elif stage.right:
         t = t.reshape(lead, n)
     else:
         t = t.reshape(lead, n, rest)
     gemm_shape = (lead, matrix.shape[1]) if stage.right else (lead, matrix.shape[0], rest)
-    if out is not None and stage.kind != "real_in":
+    if out is not None and stage.kind not in ("real_in", "fold_expand"):
         target = out.view(gemm_shape)
     else:
         target = buffer("gemm", gemm_shape, t.dtype)
     result = torch.matmul(t, matrix, out=target) if stage.right else torch.matmul(matrix, t, out=target)
     if stage.kind == "real_in":
-        k = stage.out
-        if stage.right:
-            result = torch.view_as_complex(result.view(lead, k, 2))
-            return result.view(new_shape) if out is None else out.copy_(result.view(new_shape))
-        if out is None:
-            modes = buffer("complex", (lead, k, rest), complex_dtype(result.dtype))
-        else:
-            modes = out.view(lead, k, rest)
-        result = _expand(result, stage.fold, modes)
+        result = torch.view_as_complex(result.view(lead, stage.out, 2))
+        return result.view(new_shape) if out is None else out.copy_(result.view(new_shape))
+    if stage.kind == "fold_expand":
+        pairs = result.view(*shape[:pos], 2, stage.out, *shape[pos + 1 :])
+        modes = buffer("complex", new_shape, complex_dtype(result.dtype)) if out is None else out.view(new_shape)
+        return _expand_pairs(pairs, stage.fold, stage.fold_dim + 1, pos, modes)
     return result.view(new_shape)
 
 
@@ -527,81 +568,96 @@ class TruncatedFFT(ComplexModule):
     def _is_innermost(self, dim: int, sizes: Sequence[int]) -> bool:
         return math.prod(sizes[dim + 1 :]) == 1
 
-    def _stage(
-        self, name: str, dim: int, m: torch.Tensor, right: bool, kind: str, out: int, device, fold: _Fold | None = None
-    ) -> _Stage:
-        """A stage whose matrix ``m`` becomes buffer ``name``, with its adjoint (``_adjoint``) beside it."""
-        self.register_buffer(name, m.contiguous().to(device), persistent=False)
+    def _stage(self, m: torch.Tensor, device, stage: _Stage) -> _Stage:
+        """``stage``, its matrix ``m`` registered as buffer ``stage.name`` with its adjoint (``_adjoint``)
+        beside it."""
+        self.register_buffer(stage.name, m.contiguous().to(device), persistent=False)
         adjoint = m.mH if m.is_complex() else m.T
-        self.register_buffer(f"{name}_adjoint", adjoint.contiguous().to(device), persistent=False)
-        return _Stage(dim, name, right, kind, out, fold)
+        self.register_buffer(f"{stage.name}_adjoint", adjoint.contiguous().to(device), persistent=False)
+        return stage
 
     def _adjoint(self, stages: tuple[_Stage, ...], sizes: Sequence[int]) -> tuple[_Stage, ...]:
         """The stages of the adjoint map of ``stages`` (which take extents ``sizes``): the adjoint of each
-        stage in reverse order, a real-in stage becoming real-out (the real part of ``M^H g``) and back."""
+        stage in reverse order, a real-in stage becoming real-out (the real part of ``M^H g``) and back, a
+        fold_expand stage fold_reduce and back."""
         extents, ins = list(sizes), []
         for stage in stages:
             ins.append(extents[stage.dim])
-            extents[stage.dim] = stage.out
-        swap = {"real_in": "real_out", "real_out": "real_in", "complex": "complex"}
+            extents = stage.extents(extents)
+        swap = {
+            "fold_expand": "fold_reduce",
+            "fold_reduce": "fold_expand",
+            "real_in": "real_out",
+            "real_out": "real_in",
+        }
         return tuple(
-            _Stage(stage.dim, f"{stage.name}_adjoint", stage.right, swap[stage.kind], n, stage.fold)
+            replace(stage, name=f"{stage.name}_adjoint", kind=swap.get(stage.kind, stage.kind), out=n)
             for stage, n in zip(reversed(stages), reversed(ins), strict=True)
         )
 
     def _build_forward(self, dtype, cdtype, device, order, prefix: str) -> tuple[_Stage, ...]:
         stages = []
         sizes = list(self.local_shape)
+        folded: tuple[int, _Fold] | None = None  # a real stage's dim and rows, which the next stage takes
         for step, dim in enumerate(order):
             right = self._is_innermost(dim, sizes)
-            real_in = self.real and step == 0
-            fold = _conjugate_fold(self.modes[dim], self.padded_shape[dim]) if real_in and not right else None
-            b = self._basis(dim, None if fold is None else fold.frequencies) * self._scale(dim, inverse=False)
-            k = self.mode_shape[dim]
-            if real_in:
-                kind = "real_in"
-                # right: (n, 2k), real and imaginary columns interleaved; left: (fold.rows, n), the folded
-                # frequencies' real rows, then their nonzero imaginary rows.
-                m = (
-                    torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k)
-                    if right
-                    else torch.cat((b.real, b.imag[list(fold.imaginary)]))
-                )
-                m = m.to(dtype)
+            k, name = self.mode_shape[dim], f"{prefix}_basis_{step}"
+            if self.real and step == 0 and not right:
+                fold = _conjugate_fold(self.modes[dim], self.padded_shape[dim])
+                b = self._basis(dim, fold.frequencies) * self._scale(dim, inverse=False)
+                # (fold.rows, n): the folded frequencies' real rows, then their nonzero imaginary rows.
+                m = torch.cat((b.real, b.imag[list(fold.imaginary)])).to(dtype)
+                stage = _Stage(dim, name, False, "real", fold.rows)
+                folded = (dim, fold)
             else:
-                kind = "complex"
-                m = (b.T if right else b).to(cdtype)
-            stages.append(self._stage(f"{prefix}_basis_{step}", dim, m, right, kind, k, device, fold))
-            sizes[dim] = k
+                b = self._basis(dim) * self._scale(dim, inverse=False)  # (k, n)
+                if self.real and step == 0:  # (n, 2k), real and imaginary columns interleaved
+                    m = torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k).to(dtype)
+                    stage = _Stage(dim, name, right, "real_in", k)
+                elif folded is not None:  # (2k, n), the real parts' rows, then the imaginary parts'
+                    m = torch.cat((b.real, b.imag))
+                    m = (m.T if right else m).to(dtype)
+                    stage = _Stage(dim, name, right, "fold_expand", k, folded[1], folded[0])
+                    folded = None
+                else:
+                    m = (b.T if right else b).to(cdtype)
+                    stage = _Stage(dim, name, right, "complex", k)
+            stages.append(self._stage(m, device, stage))
+            sizes = stage.extents(sizes)
         return tuple(stages)
 
     def _build_inverse(self, dtype, cdtype, device, order, prefix: str) -> tuple[_Stage, ...]:
         stages = []
         sizes = list(self.mode_shape)
-        d = len(self.global_shape)
-        for step, dim in enumerate(reversed(order)):
+        dims = tuple(reversed(order))
+        last, d = dims[-1], len(dims)
+        # A real field whose last dim is not innermost: the stage before the last folds its pairs.
+        fold = None
+        if self.real and d > 1 and math.prod(self.local_shape[last + 1 :]) != 1:
+            fold = _conjugate_fold(self.modes[last], self.padded_shape[last])
+        for step, dim in enumerate(dims):
             right = self._is_innermost(dim, sizes)
-            real_out = self.real and step == d - 1
-            fold = _conjugate_fold(self.modes[dim], self.padded_shape[dim]) if real_out and not right else None
-            frequencies = self.modes[dim] if fold is None else fold.frequencies
+            n, name = self.local_shape[dim], f"{prefix}_basis_{step}"
+            frequencies = fold.frequencies if fold is not None and dim == last else self.modes[dim]
             e = self._basis(dim, frequencies).conj().T * self._scale(dim, inverse=True)  # (n, k)
             if self.real and dim == d - 1:
                 e = e * self._half_spectrum_weights(frequencies)
-            n = self.local_shape[dim]
-            if real_out:
-                kind = "real_out"
-                # Re(e @ z) = e.real @ z.real - e.imag @ z.imag, as one real gemm (z folded on the left).
-                m = (
-                    torch.stack((e.real.T, -e.imag.T), dim=1).reshape(-1, n)
-                    if right
-                    else torch.cat((e.real, -e.imag[:, list(fold.imaginary)]), dim=1)
-                )
-                m = m.to(dtype)
+            if self.real and step == d - 1 and fold is not None:
+                # Re(e @ z) = e.real @ z.real - e.imag @ z.imag: z's pairs folded into real rows.
+                m = torch.cat((e.real, -e.imag[:, list(fold.imaginary)]), dim=1).to(dtype)
+                stage = _Stage(dim, name, False, "real", n)
+            elif self.real and step == d - 1:  # (2k, n), real and imaginary rows interleaved
+                m = torch.stack((e.real.T, -e.imag.T), dim=1).reshape(2 * len(frequencies), n).to(dtype)
+                stage = _Stage(dim, name, right, "real_out", n)
+            elif fold is not None and step == d - 2:  # (n, 2k), for the real parts' rows, then the imaginary
+                m = torch.cat((e.real, -e.imag), dim=1)
+                m = (m.T if right else m).to(dtype)
+                stage = _Stage(dim, name, right, "fold_reduce", n, fold, last)
             else:
-                kind = "complex"
                 m = (e.T if right else e).to(cdtype)
-            stages.append(self._stage(f"{prefix}_basis_{step}", dim, m, right, kind, n, device, fold))
-            sizes[dim] = n
+                stage = _Stage(dim, name, right, "complex", n)
+            stages.append(self._stage(m, device, stage))
+            sizes = stage.extents(sizes)
         return tuple(stages)
 
     def _half_spectrum_weights(self, frequencies: Sequence[int]) -> torch.Tensor:
@@ -642,7 +698,7 @@ class TruncatedFFT(ComplexModule):
         a chunk's intermediates within ``work_bytes``, at least one."""
         sizes, widest = list(sizes), math.prod(sizes)
         for stage in stages:
-            sizes[stage.dim] = stage.out
+            sizes = stage.extents(sizes)
             widest = max(widest, math.prod(sizes), 1)
         return max(1, min(rows, self.work_bytes // (4 * widest * self.complex_dtype.itemsize)))
 
@@ -653,8 +709,8 @@ class TruncatedFFT(ComplexModule):
         rows, chunk = t.shape[0], self.chunk_rows(stages, t.shape[1:], t.shape[0])
         sizes = list(t.shape[1:])
         for stage in stages:
-            sizes[stage.dim] = stage.out
-        result_dtype = self.dtype if stages[-1].kind == "real_out" else self.complex_dtype
+            sizes = stage.extents(sizes)
+        result_dtype = self.dtype if stages[-1].kind in ("real_out", "real") else self.complex_dtype
         result = memory.empty((rows, *sizes), result_dtype, t.device) if out is None else out.view(rows, *sizes)
         for start in range(0, rows, chunk):
             piece = t[start : start + chunk]
