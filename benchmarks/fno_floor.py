@@ -54,7 +54,10 @@ def _stage_gemms(plan: TruncatedFFT, stages, rows: int, start: tuple[int, ...], 
     for stage in stages:
         matrix = getattr(plan, stage.name)
         pos = stage.dim + 1
-        shape = (chunk, *sizes)
+        operand = list(sizes)
+        if stage.kind == "fold_reduce":  # the gemm takes the folded rows (and 2k real values on its dim)
+            operand[stage.fold_dim] = stage.fold.rows
+        shape = (chunk, *operand)
         lead, rest = math.prod(shape[:pos]), math.prod(shape[pos + 1 :])
         k = matrix.shape[0] if stage.right else matrix.shape[1]  # the contracted extent (a folded stage's rows)
         out_rows = matrix.shape[1] if stage.right else matrix.shape[0]
@@ -68,7 +71,7 @@ def _stage_gemms(plan: TruncatedFFT, stages, rows: int, start: tuple[int, ...], 
         flops = (8 if matrix.dtype.is_complex else 2) * lead * rest * k * out_rows * -(-rows // chunk)
         seconds = _fastest(fn, repeats) * -(-rows // chunk)
         kernels.append(dict(kernel=f"stage dim {stage.dim} ({stage.kind})", flops=flops, s=seconds))
-        sizes[stage.dim] = stage.out
+        sizes = stage.extents(sizes)
     return kernels
 
 
