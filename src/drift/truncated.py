@@ -287,21 +287,23 @@ def _expand_pairs(g: torch.Tensor, fold: _Fold, axis: int, pair_axis: int, out: 
 
 def _fold_pairs(t: torch.Tensor, fold: _Fold, axis: int, pair_axis: int, parts: torch.Tensor) -> torch.Tensor:
     """The adjoint of ``_expand_pairs``: ``parts`` (real, the rows on ``axis``, extent 2 on ``pair_axis``)
-    summed from the kept modes ``t`` (complex, the modes on ``axis``)."""
+    summed from the kept modes ``t`` (complex, the modes on ``axis``). A mode z at f adds (Re z, Im z) to
+    its frequency's real row and (Im z, -Re z) to its imaginary row; at -f, (Re z, Im z) and (-Im z, Re z)."""
     real, imag = parts.select(pair_axis, 0), parts.select(pair_axis, 1)
     for run in fold.runs:
         source = t.narrow(axis, run.mode, run.length)
-        pairs = [(real.narrow(axis, run.real_row, run.length), source.real, 1)]
-        pairs.append((imag.narrow(axis, run.real_row, run.length), source.imag, 1))
+        rows = [(run.real_row, real, source.real, 1), (run.real_row, imag, source.imag, 1)]
         if run.imag_row is not None:
             sign = -1 if run.conj else 1
-            pairs.append((real.narrow(axis, run.imag_row, run.length), source.imag, sign))
-            pairs.append((imag.narrow(axis, run.imag_row, run.length), source.real, -sign))
-        for target, value, sign in pairs:
-            if run.first:
-                torch.mul(value, sign, out=target) if sign < 0 else target.copy_(value)
-            else:
+            rows += [(run.imag_row, real, source.imag, sign), (run.imag_row, imag, source.real, -sign)]
+        for row, half, value, sign in rows:
+            target = half.narrow(axis, row, run.length)
+            if not run.first:
                 target.add_(value, alpha=sign)
+            elif sign > 0:
+                target.copy_(value)
+            else:
+                torch.neg(value, out=target)
     return parts
 
 
