@@ -148,7 +148,7 @@ def contraction_flops(
     for step, dim in enumerate(order):
         rest = math.prod(sizes[:dim] + sizes[dim + 1 :])
         if real and step == 0:
-            if rows is None or math.prod(sizes[dim + 1 :]) == 1 or len(order) == 1:
+            if rows is None or math.prod(sizes[dim + 1 :]) == 1:
                 total += 2 * rest * sizes[dim] * 2 * kept[dim]
             else:
                 total += 2 * rest * sizes[dim] * rows[dim]
@@ -178,7 +178,7 @@ def interleave_copy(order: Sequence[int], local: Sequence[int], kept: Sequence[i
     or 0 when the first stage's dim is innermost (interleaved columns, a free view) or the field is
     complex."""
     first = order[0]
-    if not real or len(order) == 1 or math.prod(local[first + 1 :]) == 1:
+    if not real or math.prod(local[first + 1 :]) == 1:
         return 0
     return 2 * math.prod(kept[i] if i in order[:2] else n for i, n in enumerate(local))
 
@@ -639,7 +639,7 @@ class TruncatedFFT(ComplexModule):
         last, d = dims[-1], len(dims)
         # A real field whose last dim is not innermost: the stage before the last folds its pairs.
         fold = None
-        if self.real and d > 1 and math.prod(self.local_shape[last + 1 :]) != 1:
+        if self.real and math.prod(self.local_shape[last + 1 :]) != 1:
             fold = _conjugate_fold(self.modes[last], self.padded_shape[last])
         for step, dim in enumerate(dims):
             right = self._is_innermost(dim, sizes)
