@@ -1,6 +1,7 @@
 """A recorded FNO block's own autograd nodes against autograd on the un-fused expressions: the tail
 ``act(y + W x + b)`` (``pointwise_activation``, in chunks), the spectral multiply (``mix_channels``), and
-the projection's two layers (``chunked_mlp``)."""
+the projection's two layers (``chunked_mlp``); and the unrecorded tail and lift (``accumulate_in_place``,
+``linear_into``) against the same expressions."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from reference import TOL, random_tensor, rel_err, unfused, unfused_fno
 from torch.nn import functional as F
 
 from drift.nn import FNO
-from drift.nn.chunked import chunked_mlp, pointwise_activation
+from drift.nn.chunked import accumulate_in_place, chunked_mlp, linear_into, pointwise_activation
 from drift.nn.spectral import mix_channels
 
 ACTIVATIONS = {
@@ -79,6 +80,37 @@ def test_without_y_is_the_pointwise_layer(dtype, bias):
         assert rel_err(got.grad, ref.grad) <= TOL[dtype]
     with pytest.raises(ValueError, match="no non_linearity"):
         pointwise_activation(w, b, x, None, F.gelu)
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS.values(), ids=ACTIVATIONS.keys())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_unrecorded_tail_overwrites_y(monkeypatch, act, dtype, bias):
+    """``accumulate_in_place`` in 7-point chunks (batch 3, 30 points): exact GeLU once over the whole of
+    ``y`` after the chunks, any other activation on each chunk."""
+    import drift.nn.chunked as chunked
+
+    x, y, w, b = (t.detach() if t is not None else None for t in _inputs(dtype, bias=bias))
+    monkeypatch.setitem(chunked.CHUNK_BYTES, x.device.type, 3 * (4 + 5) * dtype.itemsize * 7)
+    want = unfused(*_leaves(x, y, w), b if b is None else b.double(), act)
+    target = y.clone()
+    with torch.no_grad():
+        assert accumulate_in_place(w, b, x, target, act) is target
+    assert rel_err(target, want) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_linear_into_is_the_pointwise_layer(monkeypatch, dtype, bias):
+    """``linear_into`` in pieces of 7 points a thread (batch 3, 30 points: a ragged last piece)."""
+    import drift.nn.chunked as chunked
+
+    x, _, w, b = (t.detach() if t is not None else None for t in _inputs(dtype, bias=bias))
+    monkeypatch.setattr(chunked, "PIECE_BYTES", (4 + 5) * dtype.itemsize * 7)
+    out = torch.full((3, 5, 6, 5), float("nan"), dtype=dtype)
+    assert linear_into(w, b, x, out) is out
+    want = unfused(*_leaves(x), 0, w.double(), b if b is None else b.double(), None)
+    assert rel_err(out, want) <= TOL[dtype]
 
 
 def test_second_backward_raises_unless_saved_tensors_are_copied():

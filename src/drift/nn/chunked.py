@@ -99,6 +99,14 @@ def activate_(non_linearity: Activation, x: torch.Tensor) -> torch.Tensor:
     return x.copy_(activate(non_linearity, x))
 
 
+def activates_whole(non_linearity: Activation, x: torch.Tensor) -> bool:
+    """Whether to apply ``non_linearity`` to a whole block ``x`` at once, after its chunks' gemms, rather
+    than to each chunk while it is in cache: for exact GeLU on real values. A chunk of a block's points is
+    a strided view across its channels, on which torch's exact GeLU runs 1.2-1.4x slower per element than
+    on a contiguous tensor: more than the extra pass over the block costs (``benchmarks/activation_layout.py``)."""
+    return not x.is_complex() and _is_exact_gelu(non_linearity)
+
+
 def mlp_unrecorded(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -111,19 +119,20 @@ def mlp_unrecorded(
     """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a chunk of points at a
     time (``PIECE_BYTES`` of hidden layer per thread on the CPU, each thread's piece one gemm of a batched
     gemm) through resident buffers of ``work``: the hidden layer never exists for the whole block and
-    nothing is allocated per chunk. A bias rides in its gemm as a column of ``W`` against a row of ones
-    below the chunk (``addmm`` would first copy it over the whole hidden chunk). Returns a fresh
-    ``(b, c_out, *spatial)`` (``drift.memory``)."""
+    nothing is allocated per chunk. ``b1`` rides in its gemm as a column of ``W1`` against a row of ones
+    below the chunk of ``x`` (``addmm`` would first copy it over the whole hidden chunk); ``b2`` is copied
+    into the few output rows first, which keeps the hidden chunk contiguous for the activation
+    (``activates_whole``). Returns a fresh ``(b, c_out, *spatial)`` (``drift.memory``)."""
     flat = _flat(x)
     out = memory.empty((x.shape[0], w2.shape[0], flat.shape[2]), x.dtype, x.device)
     (hidden, width), out_channels = w1.shape, w2.shape[0]
     parts = _parts(x.device)
-    step = _points_per_chunk(x.device, (hidden + 1) * x.element_size(), _mlp_chunk_bytes(x.device))
+    step = _points_per_chunk(x.device, hidden * x.element_size(), _thread_chunk_bytes(x.device))
     size = -(-step // parts) * parts
     w1_b1 = (w1 if b1 is None else torch.cat((w1, b1[:, None]), 1)).expand(parts, -1, -1)
-    w2_b2 = (w2 if b2 is None else torch.cat((w2, b2[:, None]), 1)).expand(parts, -1, -1)
+    w2 = w2.expand(parts, -1, -1)
     inputs = work.get(("mlp_input",), (w1_b1.shape[2] * size,), x.dtype, x.device)
-    buffer = work.get(("mlp_hidden",), (w2_b2.shape[2] * size,), x.dtype, x.device)
+    buffer = work.get(("mlp_hidden",), (hidden * size,), x.dtype, x.device)
     results = work.get(("mlp_output",), (out_channels * size,), x.dtype, x.device)
     for i in range(flat.shape[0]):
         for s, m, q in _pieces(flat.shape[2], step, parts):
@@ -132,23 +141,39 @@ def mlp_unrecorded(
                 part = _chunk_view(inputs, q, width, m // q).copy_(part)
             else:
                 part = _with_ones(_chunk_view(inputs, q, width + 1, m // q), part)
-            h = _chunk_view(buffer, q, w2_b2.shape[2], m // q)
-            torch.bmm(w1_b1[:q], part, out=h[:, :hidden])
-            activate_(non_linearity, h[:, :hidden])
-            if b2 is not None:
-                h[:, hidden].fill_(1)
-            if q == 1:
-                torch.mm(w2_b2[0], h[0], out=out[i, :, s : s + m])
-            else:  # through a buffer: bmm into the strided pieces of out runs several times slower
-                result = torch.bmm(w2_b2[:q], h, out=_chunk_view(results, q, out_channels, m // q))
+            h = torch.bmm(w1_b1[:q], part, out=_chunk_view(buffer, q, hidden, m // q))
+            activate_(non_linearity, h)
+            # q > 1 through a buffer: bmm into the strided pieces of out runs several times slower
+            result = out[i, :, s : s + m][None] if q == 1 else _chunk_view(results, q, out_channels, m // q)
+            if b2 is None:
+                torch.bmm(w2[:q], h, out=result)
+            else:
+                torch.baddbmm(b2[None, :, None], w2[:q], h, out=result)
+            if q > 1:
                 _split(out[i, :, s : s + m], q).copy_(result)
-    return out.view(x.shape[0], w2.shape[0], *x.shape[2:])
+    return out.view(x.shape[0], out_channels, *x.shape[2:])
 
 
-def _mlp_chunk_bytes(device: torch.device) -> int | None:
-    """The projection's intermediates per chunk: ``PIECE_BYTES`` a thread on the CPU; elsewhere None,
-    ``_points_per_chunk``'s default."""
+def _thread_chunk_bytes(device: torch.device) -> int | None:
+    """Bytes per chunk of a thin pointwise gemm (the projection's, a lift's): ``PIECE_BYTES`` a thread on
+    the CPU; elsewhere None, ``_points_per_chunk``'s default."""
     return _parts(device) * PIECE_BYTES if device.type == "cpu" else None
+
+
+def linear_into(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (``(b, out, *spatial)``, contiguous) overwritten by ``W x + b`` for ``x`` ``(b, in, *spatial)``,
+    ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, a chunk of points at a time (``PIECE_BYTES`` of input and
+    output a thread on the CPU): a whole block's gemm with a short inner dimension, a lift from five
+    channels, ran up to 1.9x slower on one thread (``benchmarks/activation_layout.py``)."""
+    flat_x, flat = _flat(x), _flat(out)
+    w = weight.expand(x.shape[0], -1, -1)
+    step = _points_per_chunk(x.device, (x.shape[1] + out.shape[1]) * x.element_size(), _thread_chunk_bytes(x.device))
+    for s in range(0, flat.shape[2], step):
+        if bias is None:
+            torch.bmm(w, flat_x[..., s : s + step], out=flat[..., s : s + step])
+        else:
+            torch.baddbmm(bias[None, :, None], w, flat_x[..., s : s + step], out=flat[..., s : s + step])
+    return out
 
 
 def _with_ones(buffer: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
@@ -217,20 +242,24 @@ def accumulate_in_place(
     y: torch.Tensor,
     non_linearity: Activation | None,
 ) -> torch.Tensor:
-    """``y`` (``(b, out, *spatial)``, not recorded by autograd) overwritten by ``non_linearity(y + W x + b)``
-    for ``x`` ``(b, in, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, and no activation for
-    None: a chunk of points at a time, each read and written once while it is in cache."""
+    """``y`` (``(b, out, *spatial)``, contiguous, not recorded by autograd) overwritten by
+    ``non_linearity(y + W x + b)`` for ``x`` ``(b, in, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or
+    None, and no activation for None: the gemm a chunk of points at a time, the activation on each chunk
+    or, for exact GeLU, in one pass over the whole of ``y`` after them (``activates_whole``)."""
     flat_x = _flat(x)
     flat = y.view(y.shape[0], y.shape[1], flat_x.shape[2])
     w = weight.expand(x.shape[0], -1, -1)
     step = _points_per_chunk(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
+    whole = non_linearity is None or activates_whole(non_linearity, y)
     for s in range(0, flat.shape[2], step):
         part = flat[..., s : s + step]
         torch.baddbmm(part, w, flat_x[..., s : s + step], out=part)
         if bias is not None:
             part.add_(bias[None, :, None])
-        if non_linearity is not None:
+        if not whole:
             activate_(non_linearity, part)
+    if non_linearity is not None and whole:
+        activate_(non_linearity, y)
     return y
 
 
@@ -243,9 +272,10 @@ def _activate_into(act: Activation, h: torch.Tensor, out: torch.Tensor) -> None:
 
 class _PointwiseActivation(torch.autograd.Function):
     """``out = act(z)``, ``z = y + W x + b``, on ``(b, c, *spatial)`` blocks, a chunk of ``step`` points at a
-    time. ``z`` overwrites ``y`` (which its caller hands over) and is saved with ``x``; the backward pass
-    writes ``g * act'(z)``, the gradient of ``y``, over ``z``, so it runs once. Without ``act``, ``out``
-    is ``z`` and ``y`` is left alone, or absent (None: ``out = W x + b``). Outputs and the gradient of
+    time (exact GeLU over the whole block after the chunks: ``activates_whole``). ``z`` overwrites ``y``
+    (which its caller hands over) and is saved with ``x``; the backward pass writes ``g * act'(z)``, the
+    gradient of ``y``, over ``z``, so it runs once. Without ``act``, ``out`` is ``z`` and ``y`` is left
+    alone, or absent (None: ``out = W x + b``). Outputs and the gradient of
     ``x`` are whole tensors from ``drift.memory``, not views."""
 
     @staticmethod
@@ -254,6 +284,7 @@ class _PointwiseActivation(torch.autograd.Function):
         flat_x, flat_out = _flat(x), _flat(out)
         flat_y = None if y is None else _flat(y)
         w = weight.expand(x.shape[0], -1, -1)
+        whole = act is not None and activates_whole(act, x)
         for s in range(0, flat_out.shape[2], step):
             target = flat_out[..., s : s + step]
             if flat_y is None:
@@ -266,8 +297,10 @@ class _PointwiseActivation(torch.autograd.Function):
             torch.baddbmm(flat_y[..., s : s + step], w, flat_x[..., s : s + step], out=z)
             if bias is not None:
                 z.add_(bias[None, :, None])
-            if act is not None:
+            if act is not None and not whole:
                 _activate_into(act, z, target)
+        if whole:
+            _activate_into(act, flat_y, flat_out)
         ctx.act, ctx.step = act, step
         ctx.save_for_backward(x, weight, None if act is None else y)
         return out
@@ -349,8 +382,9 @@ def pointwise_activation(
     """``non_linearity(y + W x + b)`` (no activation for None) for real ``x`` ``(b, in, *spatial)``, ``y``
     ``(b, out, *spatial)`` (or None without an activation: ``W x + b``), ``W`` ``(out, in)``, ``b``
     ``(out,)`` or None, recorded by autograd as one node that runs forward and backward a chunk of points
-    at a time (``CHUNK_BYTES`` of them per chunk) and allocates one full-size tensor each way from
-    ``drift.memory``: the output, and ``x``'s gradient.
+    at a time (``chunk_bytes`` of them per chunk: by default ``CHUNK_BYTES``, or without ``y`` a thread's
+    piece as ``linear_into``'s) and allocates one full-size tensor each way from ``drift.memory``: the
+    output, and ``x``'s gradient.
 
     ``y`` must be referenced by nothing else (a fresh spectral output): with an activation it is
     overwritten by ``z = y + W x + b``, which the node saves with ``x``, and its backward writes
@@ -364,6 +398,8 @@ def pointwise_activation(
         raise ValueError("pointwise_activation: y=None (W x + b alone) takes no non_linearity")
     x, y = x.contiguous(), None if y is None else y.contiguous()
     per_point = 2 * x.shape[0] * (x.shape[1] + weight.shape[0]) * x.element_size()  # x, y, out; g, z, x, grad x
+    if y is None and chunk_bytes is None:  # W x + b alone: a thin gemm, in a thread's piece (linear_into)
+        chunk_bytes = _thread_chunk_bytes(x.device)
     step = _points_per_chunk(x.device, per_point, chunk_bytes)
     return _PointwiseActivation.apply(non_linearity, step, x, y, weight, bias)
 
@@ -458,5 +494,5 @@ def chunked_mlp(
     path). Returns ``(b, out, *spatial)``."""
     x = x.contiguous()
     per_point = 3 * w1.shape[0] * x.element_size()  # h, act(h) and their gradient, one batch item at a time
-    step = _points_per_chunk(x.device, per_point, chunk_bytes or _mlp_chunk_bytes(x.device))
+    step = _points_per_chunk(x.device, per_point, chunk_bytes or _thread_chunk_bytes(x.device))
     return _ChunkedMLP.apply(non_linearity, step, x, w1, b1, w2, b2)

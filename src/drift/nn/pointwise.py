@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from drift._plan import complex_dtype
-from drift.nn.chunked import activate, pointwise_activation
+from drift.nn.chunked import activate, linear_into, pointwise_activation
 from drift.nn.replicated import Replicated
 
 SKIPS = ("linear", "identity", "soft-gating")
@@ -74,8 +74,6 @@ class PointwiseLinear(Replicated):
         if recorded and out is None and not x.is_complex() and not torch.is_autocast_enabled(x.device.type):
             # One autograd node in chunks of points, its output and x's gradient from drift.memory.
             return pointwise_activation(weight, bias, x, add, None)
-        flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
-        weight = weight.expand(x.shape[0], -1, -1)
         shape = (x.shape[0], self.weight.shape[0], *x.shape[2:])
         if out is not None:
             if recorded or add is not None or tuple(out.shape) != shape or not out.is_contiguous():
@@ -83,12 +81,9 @@ class PointwiseLinear(Replicated):
                     f"PointwiseLinear: out= takes a contiguous tensor of shape {shape}, outside autograd and "
                     f"without add=; got shape {tuple(out.shape)}"
                 )
-            target = out.view(flat.shape[0], shape[1], flat.shape[2])
-            if bias is None:
-                torch.bmm(weight, flat, out=target)
-            else:
-                torch.baddbmm(bias[None, :, None], weight, flat, out=target)
-            return out
+            return linear_into(weight, bias, x, out)
+        flat = x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+        weight = weight.expand(x.shape[0], -1, -1)
         if bias is None:
             if add is None:
                 return torch.bmm(weight, flat).view(shape)
