@@ -87,19 +87,27 @@ def _stage_gemms(plan: TruncatedFFT, stages, rows: int, start: tuple[int, ...], 
     return kernels
 
 
+def _rank_plan(shape: tuple[int, ...], ranks: int) -> tuple[int, TruncatedFFT, tuple[int, ...]]:
+    """Rank 0's points, its plan and its share of the spectrum in a slab over ``ranks``."""
+    local = (-(-shape[0] // ranks), *shape[1:])
+    plan = TruncatedFFT(local, MODES)
+    return math.prod(local), plan, (-(-plan.mode_shape[0] // ranks), *plan.mode_shape[1:])
+
+
+def _map_kernels(plan: TruncatedFFT, maps, width: int, repeats: int) -> list[dict]:
+    """The stage gemms of each ``(name, stages, extents taken)`` in ``maps``, once per block."""
+    return [
+        dict(k, kernel=f"{name} {k['kernel']}", count=LAYERS)
+        for name, stages, start in maps
+        for k in _stage_gemms(plan, stages, width, start, repeats)
+    ]
+
+
 def rank_kernels(shape: tuple[int, ...], ranks: int, width: int, in_channels: int, repeats: int) -> list[dict]:
     """The forward's kernels on rank 0's block of a slab over ``ranks`` (x split in torch.chunk blocks)."""
-    local = (-(-shape[0] // ranks), *shape[1:])
-    points = math.prod(local)
-    plan = TruncatedFFT(local, MODES)
-    share = (-(-plan.mode_shape[0] // ranks), *plan.mode_shape[1:])
-    kernels = []
-    for name, stages, start in (
-        ("transform", plan._forward_stages, plan.local_shape),
-        ("inverse", plan._inverse_stages, plan.mode_shape),
-    ):
-        for k in _stage_gemms(plan, stages, width, start, repeats):
-            kernels.append(dict(k, kernel=f"{name} {k['kernel']}", count=LAYERS))
+    points, plan, share = _rank_plan(shape, ranks)
+    maps = (("transform", plan._forward_stages, plan.local_shape), ("inverse", plan._inverse_stages, plan.mode_shape))
+    kernels = _map_kernels(plan, maps, width, repeats)
     spec = torch.randn(1, width, *share, dtype=torch.complex64)
     weight = torch.randn(width, width, *share, dtype=torch.complex64)
     kernels.append(
@@ -160,17 +168,12 @@ def _gelu_rates(repeats: int) -> tuple[float, float]:
 
 def rank_backward_kernels(shape: tuple[int, ...], ranks: int, width: int, in_channels: int, repeats: int) -> list[dict]:
     """The kernels of a training step after its forward, on rank 0's block: the backward pass and Adam."""
-    local = (-(-shape[0] // ranks), *shape[1:])
-    points = math.prod(local)
-    plan = TruncatedFFT(local, MODES)
-    share = (-(-plan.mode_shape[0] // ranks), *plan.mode_shape[1:])
-    kernels = []
-    for name, stages, start in (
+    points, plan, share = _rank_plan(shape, ranks)
+    maps = (
         ("inverse adjoint", plan._inverse_adjoint, plan.local_shape),
         ("transform adjoint", plan._forward_adjoint, plan.mode_shape),
-    ):
-        for k in _stage_gemms(plan, stages, width, start, repeats):
-            kernels.append(dict(k, kernel=f"{name} {k['kernel']}", count=LAYERS))
+    )
+    kernels = _map_kernels(plan, maps, width, repeats)
     spec, grad = (torch.randn(1, width, *share, dtype=torch.complex64) for _ in range(2))
     weight = torch.randn(width, width, *share, dtype=torch.complex64)
     grad_w = torch.empty_like(weight)
