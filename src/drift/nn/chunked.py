@@ -250,15 +250,15 @@ def accumulate_in_place(
     flat = y.view(y.shape[0], y.shape[1], flat_x.shape[2])
     w = weight.expand(x.shape[0], -1, -1)
     step = _points_per_chunk(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
-    whole = non_linearity is None or activates_whole(non_linearity, y)
+    whole = non_linearity is not None and activates_whole(non_linearity, y)
     for s in range(0, flat.shape[2], step):
         part = flat[..., s : s + step]
         torch.baddbmm(part, w, flat_x[..., s : s + step], out=part)
         if bias is not None:
             part.add_(bias[None, :, None])
-        if not whole:
+        if non_linearity is not None and not whole:
             activate_(non_linearity, part)
-    if non_linearity is not None and whole:
+    if whole:
         activate_(non_linearity, y)
     return y
 
