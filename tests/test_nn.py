@@ -542,16 +542,30 @@ def test_fno_without_autograd_matches(monkeypatch, non_linearity):
         assert rel_err(model(x.float()), recorded) <= 2e-6
 
 
+def test_chunks_cut_into_one_piece_a_thread():
+    """A chunk's step rounds down to a multiple of the pieces (at least one point each), so that every
+    full chunk is cut into one piece a thread; a ragged last chunk they do not divide is one piece."""
+    from drift.nn.chunked import _pieces
+
+    assert list(_pieces(23, 10, 3)) == [(0, 9, 3), (9, 9, 3), (18, 5, 1)]
+    assert list(_pieces(24, 10, 3)) == [(0, 9, 3), (9, 9, 3), (18, 6, 3)]
+    assert list(_pieces(8, 2, 4)) == [(0, 4, 4), (4, 4, 4)]
+    assert list(_pieces(7, 5, 1)) == [(0, 5, 1), (5, 2, 1)]
+
+
+@pytest.mark.parametrize("parts", [None, 3], ids=["threads", "3-pieces"])
 @pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])
-def test_projection_in_chunks_matches_forward_and_backward(monkeypatch, non_linearity):
-    """The projection runs a chunk of points at a time (here pieces of 7 points, one a thread), forward and
-    backward (recomputed)."""
+def test_projection_in_chunks_matches_forward_and_backward(monkeypatch, non_linearity, parts):
+    """The projection runs a chunk of points at a time (here pieces of 7 points, one a thread: as many as
+    torch's threads, or 3), forward and backward (recomputed)."""
     import drift.nn.chunked as chunked
 
     torch.manual_seed(5)
     model = FNO(2, 3, 6, (2, 2, 3), n_layers=1, dtype=torch.float64, non_linearity=non_linearity)
     x = random_tensor((2, 2, 9, 8, 6), torch.float64, 10).requires_grad_(True)
     monkeypatch.setattr(chunked, "PIECE_BYTES", 3 * model.project_hidden.weight.shape[0] * 8 * 7)
+    if parts:
+        monkeypatch.setattr(chunked, "_parts", lambda device: parts)
     y = model(x)
     _loss(y, 7).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}

@@ -76,8 +76,12 @@ def _parts(device: torch.device) -> int:
 
 
 def _pieces(points: int, step: int, parts: int) -> Iterator[tuple[int, int, int]]:
-    """``(start, m, q)`` per chunk of ``step`` points: ``m`` points cut into ``q`` pieces (``parts`` where
-    they divide evenly, else one: a ragged last chunk)."""
+    """``(start, m, q)`` per chunk of ``step`` points, rounded down to a multiple of ``parts`` (at least
+    ``parts``): ``m`` points cut into ``q`` pieces, ``parts`` but for a ragged last chunk they do not divide
+    (one). Unrounded, a step ``parts`` does not divide made every chunk one thin gemm shared by the threads,
+    as the projection's backward had by default at 3, 4 or 8 threads (steps of 4096, 5461 and 10922 points),
+    and on two threads with 4 MiB pieces, where it took 1.2-1.3x as long (``benchmarks/projection.py``)."""
+    step = max(parts, step - step % parts)
     for start in range(0, points, step):
         m = min(step, points - start)
         yield start, m, parts if m % parts == 0 else 1
