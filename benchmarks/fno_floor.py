@@ -329,7 +329,7 @@ def main() -> None:
     for ranks in args.ranks:
         kernels = _fastest_rounds(rank_kernels, args, shape, ranks)
         total = _print_kernels(f"P = {ranks}: rank 0's forward kernels, each alone (one thread)", kernels)
-        share = ranks / min(ranks, args.cores)
+        ranks_per_core = ranks / min(ranks, args.cores)
         projection = [k for k in kernels if k["kernel"].startswith("projection")]
         projection_s = sum(k["s"] * k["count"] for k in projection)
         projection_flops = sum(k["flops"] * k["count"] for k in projection)
@@ -339,12 +339,13 @@ def main() -> None:
             f"({100 * projection_s / total:.0f}%), {projection_flops / 1e9:.2f} of {flops / 1e9:.2f} GFLOP "
             f"({100 * projection_flops / flops:.0f}%)"
         )
-        line = f"sum {total:.3f} s per rank; {ranks} rank(s) on {args.cores} cores: forward >= {total * share:.3f} s"
+        line = f"sum {total:.3f} s per rank; {ranks} rank(s) on {args.cores} cores: "
+        line += f"forward >= {total * ranks_per_core:.3f} s"
         run = dict(
             ranks=ranks,
             kernels=kernels,
             kernel_s=total,
-            floor_s=total * share,
+            floor_s=total * ranks_per_core,
             projection_s=projection_s,
             projection_flops=projection_flops,
             flops=flops,
@@ -359,9 +360,9 @@ def main() -> None:
             step = total + after
             line = (
                 f"step kernels {step:.3f} s per rank = {step / total:.2f}x the forward's; "
-                f"{ranks} rank(s) on {args.cores} cores: step >= {step * share:.3f} s"
+                f"{ranks} rank(s) on {args.cores} cores: step >= {step * ranks_per_core:.3f} s"
             )
-            run.update(backward_kernels=backward, step_kernel_s=step, step_floor_s=step * share)
+            run.update(backward_kernels=backward, step_kernel_s=step, step_floor_s=step * ranks_per_core)
             if ranks == 1:
                 run["step_s"] = whole_step(shape, args.width, args.in_channels, args.repeats)
                 line += (

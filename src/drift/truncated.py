@@ -639,7 +639,7 @@ class TruncatedFFT(ComplexModule):
         last, d = dims[-1], len(dims)
         # A real field whose last dim is not innermost: the stage before the last folds its pairs.
         fold = None
-        if self.real and math.prod(self.local_shape[last + 1 :]) != 1:
+        if self.real and not self._is_innermost(last, self.local_shape):
             fold = _conjugate_fold(self.modes[last], self.padded_shape[last])
         for step, dim in enumerate(dims):
             right = self._is_innermost(dim, sizes)

@@ -164,14 +164,18 @@ def _thread_chunk_bytes(device: torch.device) -> int | None:
     return _parts(device) * PIECE_BYTES if device.type == "cpu" else None
 
 
-def linear_into(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def linear_into(
+    weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, out: torch.Tensor, step: int | None = None
+) -> torch.Tensor:
     """``out`` (``(b, out, *spatial)``, contiguous) overwritten by ``W x + b`` for ``x`` ``(b, in, *spatial)``,
-    ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, a chunk of points at a time (``PIECE_BYTES`` of input and
-    output a thread on the CPU): a whole block's gemm with a short inner dimension, a lift from five
+    ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, ``step`` points at a time (default ``PIECE_BYTES`` of input
+    and output a thread on the CPU): a whole block's gemm with a short inner dimension, a lift from five
     channels, ran up to 1.9x slower on one thread (``benchmarks/activation_layout.py``)."""
     flat_x, flat = _flat(x), _flat(out)
     w = weight.expand(x.shape[0], -1, -1)
-    step = _points_per_chunk(x.device, (x.shape[1] + out.shape[1]) * x.element_size(), _thread_chunk_bytes(x.device))
+    if step is None:
+        per_point = (x.shape[1] + out.shape[1]) * x.element_size()
+        step = _points_per_chunk(x.device, per_point, _thread_chunk_bytes(x.device))
     for s in range(0, flat.shape[2], step):
         if bias is None:
             torch.bmm(w, flat_x[..., s : s + step], out=flat[..., s : s + step])
@@ -249,21 +253,9 @@ def accumulate_in_place(
     """``y`` (``(b, out, *spatial)``, contiguous, not recorded by autograd) overwritten by
     ``non_linearity(y + W x + b)`` for ``x`` ``(b, in, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or
     None, and no activation for None: the gemm a chunk of points at a time, the activation on each chunk
-    or, for exact GeLU, in one pass over the whole of ``y`` after them (``activates_whole``)."""
-    flat_x = _flat(x)
-    flat = y.view(y.shape[0], y.shape[1], flat_x.shape[2])
-    w = weight.expand(x.shape[0], -1, -1)
+    or, for exact GeLU, in one pass over the whole of ``y`` after them (``_tail_into``)."""
     step = _points_per_chunk(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
-    whole = non_linearity is not None and activates_whole(non_linearity, y)
-    for s in range(0, flat.shape[2], step):
-        part = flat[..., s : s + step]
-        torch.baddbmm(part, w, flat_x[..., s : s + step], out=part)
-        if bias is not None:
-            part.add_(bias[None, :, None])
-        if non_linearity is not None and not whole:
-            activate_(non_linearity, part)
-    if whole:
-        activate_(non_linearity, y)
+    _tail_into(non_linearity, step, x, y, weight, bias, y)
     return y
 
 
@@ -272,6 +264,40 @@ def _activate_into(act: Activation, h: torch.Tensor, out: torch.Tensor) -> None:
         torch.ops.aten.gelu.out(h, approximate="none", out=out)
     else:
         out.copy_(act(h))
+
+
+def _tail_into(
+    act: Activation | None,
+    step: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """``out = act(z)``, ``z = y + W x + b``, ``step`` points at a time: with ``act``, ``z`` overwrites ``y``
+    (exact GeLU over the whole block after the chunks, ``activates_whole``), and ``out`` may be ``y``
+    itself; without, ``out`` is ``z`` and ``y`` is left alone unless it is ``out``."""
+    flat_x, flat_y, flat_out = _flat(x), _flat(y), _flat(out)
+    w = weight.expand(x.shape[0], -1, -1)
+    whole = act is not None and activates_whole(act, x)
+
+    def activation(z: torch.Tensor, target: torch.Tensor) -> None:
+        if out is y:
+            activate_(act, z)
+        else:
+            _activate_into(act, z, target)
+
+    for s in range(0, flat_out.shape[2], step):
+        target = flat_out[..., s : s + step]
+        z = target if act is None else flat_y[..., s : s + step]
+        torch.baddbmm(flat_y[..., s : s + step], w, flat_x[..., s : s + step], out=z)
+        if bias is not None:
+            z.add_(bias[None, :, None])
+        if act is not None and not whole:
+            activation(z, target)
+    if whole:
+        activation(flat_y, flat_out)
 
 
 class _PointwiseActivation(torch.autograd.Function):
@@ -285,26 +311,10 @@ class _PointwiseActivation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, act: Activation | None, step: int, x: torch.Tensor, y: torch.Tensor | None, weight, bias):
         out = memory.empty((x.shape[0], weight.shape[0], *x.shape[2:]), x.dtype, x.device)
-        flat_x, flat_out = _flat(x), _flat(out)
-        flat_y = None if y is None else _flat(y)
-        w = weight.expand(x.shape[0], -1, -1)
-        whole = act is not None and activates_whole(act, x)
-        for s in range(0, flat_out.shape[2], step):
-            target = flat_out[..., s : s + step]
-            if flat_y is None:
-                if bias is None:
-                    torch.bmm(w, flat_x[..., s : s + step], out=target)
-                else:
-                    torch.baddbmm(bias[None, :, None], w, flat_x[..., s : s + step], out=target)
-                continue
-            z = target if act is None else flat_y[..., s : s + step]
-            torch.baddbmm(flat_y[..., s : s + step], w, flat_x[..., s : s + step], out=z)
-            if bias is not None:
-                z.add_(bias[None, :, None])
-            if act is not None and not whole:
-                _activate_into(act, z, target)
-        if whole:
-            _activate_into(act, flat_y, flat_out)
+        if y is None:
+            linear_into(weight, bias, x, out, step)
+        else:
+            _tail_into(act, step, x, y, weight, bias, out)
         ctx.act, ctx.step = act, step
         ctx.save_for_backward(x, weight, None if act is None else y)
         return out
