@@ -334,6 +334,18 @@ def test_bad_options_are_one_line_errors(capsys):
     assert "modes (8, 8, 8, 16) on grid 8x8x8x6" in capsys.readouterr().out
 
 
+def test_train_refuses_a_missing_gpu_before_generating_data(monkeypatch, tmp_path, capsys):
+    """``drift train --device cuda`` without a GPU and without data: the option's error at once, before the
+    default data set is generated (on the device it names)."""
+    from drift.cli import main as drift
+
+    monkeypatch.setenv("DRIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert drift(["train", "--device", "cuda", "--out", str(tmp_path / "run")]) == 2
+    assert "--device cuda: no CUDA device is available" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
+
+
 def test_cuda_needs_one_gpu_per_rank_it_starts(monkeypatch, capsys):
     from drift.errors import PlanError
     from drift.train import ConfigError, TrainConfig, check_config

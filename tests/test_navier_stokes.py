@@ -7,6 +7,7 @@ import sys
 import h5py
 import pytest
 import torch
+from harness import device_for
 
 from drift.data import PDEBench3D, generate, navier_stokes
 from drift.data.navier_stokes import conserved, primitives, random_initial_state, simulate, step
@@ -77,11 +78,12 @@ def test_a_state_whose_step_is_capped_at_zero_is_unchanged():
 
 
 def test_generated_trajectories_are_those_simulated_one_at_a_time(tmp_path, monkeypatch):
-    """Chunks of 2 trajectories (one chunk boundary among 3): the file holds, for the seed, the states of
-    initial data drawn one trajectory after another, each simulated alone."""
-    monkeypatch.setattr(navier_stokes, "CHUNK_CELLS", 2 * 8**3)
+    """Chunks of 2 trajectories (one chunk boundary among 3) on the CPU, or on the test device: the file
+    holds, for the seed, the states of initial data drawn one trajectory after another, each simulated
+    alone on the CPU."""
+    monkeypatch.setitem(navier_stokes.CHUNK_CELLS, "cpu", 2 * 8**3)
     path = tmp_path / "cfd.hdf5"
-    generate(path, samples=3, resolution=8, frames=3, t_end=0.2, seed=4, progress=False)
+    generate(path, samples=3, resolution=8, frames=3, t_end=0.2, seed=4, progress=False, device=device_for())
     g = torch.Generator().manual_seed(4)
     for b in range(3):
         rho, vel, p = primitives(simulate(random_initial_state(8, 1.0, g), 3, 0.2, 1e-8, 1e-8))

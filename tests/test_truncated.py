@@ -562,6 +562,18 @@ def test_chunked_unrecorded_passes_match(real):
     assert rel_err(plan.forward(x.clone().requires_grad_(True)), whole[0]) <= 1e-12
 
 
+def test_chunks_are_cache_sized_on_the_cpu_and_whole_batches_elsewhere():
+    """The default bound is per device: a row of a 64 x 64 x 32 x 30 field per chunk on the CPU, a whole
+    batch of 20 on another device (a GPU, where every chunk costs kernel launches); ``work_bytes`` overrides it."""
+    shape, rows = (64, 64, 32, 30), 20
+    for device, expected in (("cpu", 1), ("meta", rows)):
+        plan = drift.TruncatedFFT(shape, (8, 8, 8, 16), device=device)
+        assert plan.chunk_rows(plan._forward_stages, shape, rows) == expected, device
+        assert plan.chunk_rows(plan._inverse_stages, plan.mode_shape, rows) == expected, device
+        plan.work_bytes = 1
+        assert plan.chunk_rows(plan._forward_stages, shape, rows) == 1
+
+
 @pytest.mark.parametrize("real", [True, False])
 def test_inverse_into_a_preallocated_tensor(real):
     """``inverse(out=...)`` writes torch.fft's values into ``out`` (in chunks) and returns it; an ``out`` it

@@ -48,6 +48,7 @@ def _generate(args: argparse.Namespace) -> int:
         eta=args.eta,
         zeta=args.zeta,
         seed=args.seed,
+        device=args.device,
     )
     print(f"wrote {args.out}")
     return 0
@@ -185,7 +186,10 @@ def _train(args: argparse.Namespace) -> int:
                 return 0
         else:
             if config.data is None:
-                config.data = str(ensure_default_data())
+                check_config(config, config.nproc)  # the options, before minutes of generating on the device
+                config.data = str(ensure_default_data(device=config.device))
+                if config.device == "cuda":  # the ranks' memory, not this launcher's cache
+                    torch.cuda.empty_cache()
             check_config(config, config.nproc)
             check_fresh_run(config)
             check_unlocked(config.out)  # rank 0 takes the lock; this refuses before any rank starts
@@ -308,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--eta", type=float, default=1e-8, help="shear viscosity")
     gen.add_argument("--zeta", type=float, default=1e-8, help="bulk viscosity")
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--device", default="cpu", help="where the solver runs (cuda: the same data to round-off)")
     gen.set_defaults(run=_generate)
     _add_train(commands)
     _add_evaluate(commands)

@@ -65,7 +65,7 @@ from drift.checkpoint import (
     usable_checkpoint,
 )
 from drift.data import FIELDS, SPLITS, PDEBench3D, Stats, generate, held_out_trajectories, read_layout
-from drift.launch import GROUP_TIMEOUT_S, launched, process_group
+from drift.launch import GROUP_TIMEOUT_S, launched, process_group, rank_device
 from drift.layout import chunk_sizes, chunk_slice, device_mesh, reduction_mesh, split_reduction, to_dtensor
 from drift.metrics import PDEBenchMetrics
 from drift.nn import FACTORIZATIONS, FNO, METHODS, parallelize
@@ -157,14 +157,14 @@ def default_data_path(**changes: int) -> Path:
     return cache / f"cfd3d_n{d['resolution']}_b{d['samples']}_f{d['frames']}_seed{d['seed']}.hdf5"
 
 
-def ensure_default_data(progress: bool = True, **changes: int) -> Path:
+def ensure_default_data(progress: bool = True, device: torch.device | str = "cpu", **changes: int) -> Path:
     """The default data set (with ``changes`` to ``DEFAULT_DATA``: ``resolution``, ``samples``, ...),
-    generated first if absent (written under a temporary name, then renamed)."""
+    generated first if absent (its solver on ``device``; written under a temporary name, then renamed)."""
     path = default_data_path(**changes)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        generate(tmp, **(DEFAULT_DATA | changes), progress=progress)
+        generate(tmp, **(DEFAULT_DATA | changes), progress=progress, device=device)
         os.replace(tmp, path)
     return path
 
@@ -755,7 +755,7 @@ def train_rank(config: TrainConfig) -> list[dict]:
     with process_group(config.device):
         if config.data is None:
             if comm.rank() == 0:
-                ensure_default_data(config.progress)
+                ensure_default_data(config.progress, rank_device())
             comm.barrier()
             config = dataclasses.replace(config, data=str(default_data_path()))
         check_config(config, comm.world_size())

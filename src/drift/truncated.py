@@ -39,7 +39,13 @@ from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
 
 _NORMS = ("backward", "ortho", "forward")
-WORK_BYTES = 64 * 2**20  # the bound on a chunk's intermediates in passes autograd does not record
+# The bound on a chunk's intermediates in the passes autograd does not record (4 complex values of the widest
+# extents a row takes, a loose bound: the resident buffers hold a fraction of it). On the CPU 64 MiB, so that
+# chunks stay near the cache; elsewhere a chunk costs a few dozen kernel launches and their dispatch on the
+# host (one row of a 64 x 64 x 32 x 30 field per chunk made a block 5x slower than cuFFT's on an H200), so
+# the whole batch goes at once unless it is huge.
+WORK_BYTES = {"cpu": 64 * 2**20}
+OTHER_DEVICES_WORK_BYTES = 8 * 2**30
 ModeSpec = int | Sequence[int]
 PaddingSpec = int | Sequence[int | Sequence[int]]
 
@@ -504,7 +510,7 @@ class TruncatedFFT(ComplexModule):
         device = resolve_device(device)
         self._build_stages(dtype, cdtype, device)
         self._workspace = Workspace()
-        self.work_bytes = WORK_BYTES
+        self.work_bytes: int | None = None  # None: WORK_BYTES for the plan's device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -701,12 +707,13 @@ class TruncatedFFT(ComplexModule):
 
     def chunk_rows(self, stages: tuple[_Stage, ...], sizes: Sequence[int], rows: int) -> int:
         """Rows (fields) per chunk when ``stages`` map ``rows`` fields of extents ``sizes``: as many as keep
-        a chunk's intermediates within ``work_bytes``, at least one."""
+        a chunk's intermediates within ``work_bytes`` (None: ``WORK_BYTES`` for the plan's device), at least one."""
         sizes, widest = list(sizes), math.prod(sizes)
         for stage in stages:
             sizes = stage.extents(sizes)
             widest = max(widest, math.prod(sizes), 1)
-        return max(1, min(rows, self.work_bytes // (4 * widest * self.complex_dtype.itemsize)))
+        budget = self.work_bytes or WORK_BYTES.get(self.device.type, OTHER_DEVICES_WORK_BYTES)
+        return max(1, min(rows, budget // (4 * widest * self.complex_dtype.itemsize)))
 
     def _run_chunks(
         self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None

@@ -19,10 +19,13 @@ from tqdm import tqdm
 from drift.data.pdebench import write_pdebench3d
 
 GAMMA = 5.0 / 3.0
-# Cells per chunk of trajectories that `generate` advances together. The solver is bound by its
-# elementwise work, not by Python: on CPU larger chunks fall out of cache and run slower per trajectory,
-# while 4 trajectories at 16^3 still let two threads share each operation (measured: docs/BENCHMARKS.md).
-CHUNK_CELLS = 4 * 16**3
+# Cells per chunk of trajectories that `generate` advances together. On the CPU the solver is bound by its
+# elementwise work, not by Python: larger chunks fall out of cache and run slower per trajectory, while 4
+# trajectories at 16^3 still let two threads share each operation (measured: docs/BENCHMARKS.md). On a GPU
+# every operation is a kernel launch whatever its size, so a chunk holds the default set's 256 trajectories
+# at 16^3 (its states and temporaries, a few GB).
+CHUNK_CELLS = {"cpu": 4 * 16**3}
+OTHER_DEVICES_CHUNK_CELLS = 256 * 16**3
 
 # Every state is ``(..., 5, n, n, n)``: any leading batch dims, then the field, then x, y, z.
 FIELD, SPACE = -4, (-3, -2, -1)
@@ -182,20 +185,25 @@ def generate(
     zeta: float = 1e-8,
     seed: int = 0,
     progress: bool = True,
+    device: torch.device | str = "cpu",
 ) -> None:
-    """Write ``samples`` trajectories from random initial data in PDEBench's 3D layout at ``path``."""
+    """Write ``samples`` trajectories from random initial data in PDEBench's 3D layout at ``path``.
+
+    The initial data are drawn on the CPU, so a seed gives the same data on any ``device`` the solver runs
+    on, to round-off (a GPU's fused multiply-adds round differently)."""
     if samples < 1 or resolution < 4 or frames < 2 or t_end <= 0:
         raise ValueError("need samples >= 1, resolution >= 4, frames >= 2 and t_end > 0")
+    device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
     shape = (samples, frames, resolution, resolution, resolution)
     fields = {name: torch.empty(shape, dtype=torch.float32) for name in ("density", "pressure", "Vx", "Vy", "Vz")}
-    chunk = max(1, CHUNK_CELLS // resolution**3)
+    chunk = max(1, CHUNK_CELLS.get(device.type, OTHER_DEVICES_CHUNK_CELLS) // resolution**3)
     with tqdm(total=samples, desc="simulating", unit="sample", disable=not progress) as bar:
         for first in range(0, samples, chunk):
             count = min(chunk, samples - first)
             # Drawn one trajectory after another, as the data of a seed always were.
-            u0 = torch.stack([random_initial_state(resolution, mach, g) for _ in range(count)])
-            rho, vel, p = primitives(simulate(u0, frames, t_end, eta, zeta))
+            u0 = torch.stack([random_initial_state(resolution, mach, g) for _ in range(count)]).to(device)
+            rho, vel, p = (t.cpu() for t in primitives(simulate(u0, frames, t_end, eta, zeta)))
             batch = slice(first, first + count)
             fields["density"][batch], fields["pressure"][batch] = rho, p
             fields["Vx"][batch], fields["Vy"][batch], fields["Vz"][batch] = vel.unbind(FIELD)
