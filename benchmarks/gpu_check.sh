@@ -51,6 +51,8 @@ step 75 scaling python3 -m drift bench scaling --device "$device" --nproc $(prin
     --shape 64x64x32x30 --local 32x32x32x30 --out "$work/scaling"
 step 45 modes python3 -m drift bench modes --device "$device" --nproc 1 --out "$work/modes"
 step 45 phases python3 -m drift bench phases --device "$device" --nproc 1 --out "$work/phases"
+# Kernels and host dispatch of one block against its wall time: what bounds a block on this GPU.
+step 60 dispatch python3 benchmarks/dispatch.py --device "$device" --json "$work/dispatch.json"
 if [ "$ranks" -gt 1 ]; then
     step 60 comm python3 -m drift bench comm --device "$device" --nproc "$ranks" --fno-ranks "$ranks" \
         --out "$work/comm"
