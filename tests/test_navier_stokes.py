@@ -112,3 +112,16 @@ def test_cli_rejects_bad_values_in_one_line():
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].endswith("argument --resolution: 'zero' is not a int")
     assert "Traceback" not in done.stderr
+
+
+def test_cli_refuses_a_device_it_cannot_run_on(monkeypatch, tmp_path, capsys):
+    from drift.cli import main
+
+    out = tmp_path / "cfd.hdf5"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert main(["generate", "--device", "cuda", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == "drift generate: error: --device cuda: no CUDA device is available"
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--device", "gpu", "--out", str(out)])
+    assert info.value.code == 2 and "argument --device: invalid choice: 'gpu'" in capsys.readouterr().err
+    assert not out.exists()

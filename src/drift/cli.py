@@ -38,6 +38,8 @@ def _info(_: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from drift.data import generate
 
+    if args.device == "cuda" and torch.cuda.device_count() < 1:
+        return _fail("generate", "--device cuda: no CUDA device is available")
     generate(
         args.out,
         samples=args.samples,
@@ -312,7 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--eta", type=float, default=1e-8, help="shear viscosity")
     gen.add_argument("--zeta", type=float, default=1e-8, help="bulk viscosity")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--device", default="cpu", help="where the solver runs (cuda: the same data to round-off)")
+    gen.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the solver runs (the same data to round-off)"
+    )
     gen.set_defaults(run=_generate)
     _add_train(commands)
     _add_evaluate(commands)
