@@ -325,6 +325,21 @@ def test_inplace_matches_and_reuses_the_storage(ranks, shape, grid, batch, dtype
         assert min(calls) > 0
 
 
+def _inplace_empty_batch():
+    mesh, placements = mesh_for((2, 2, 1))
+    device = device_for(dist.get_rank())
+    plan = drift.DistributedFFT((8, 12, 6), mesh, placements, device=device, inplace=True)
+    with drift.comm_log() as log:
+        y = plan.forward(torch.empty(0, *plan.local_shape, dtype=torch.complex64, device=device))
+        back = plan.inverse(y)
+    return (tuple(y.shape), tuple(back.shape)), ((0, *plan.output_local_shape), (0, *plan.local_shape)), log.calls
+
+
+def test_inplace_takes_an_empty_batch(ranks):
+    for shapes, expected, calls in ranks.run(4, _inplace_empty_batch):
+        assert shapes == expected and calls == []
+
+
 def test_inplace_rejects_what_it_cannot_do():
     with pytest.raises(ValueError, match="kind 'r2c' is not supported"):
         drift.DistributedFFT((8, 8), kind="r2c", inplace=True)
@@ -451,6 +466,7 @@ def _bad_dtensors():
         (plan.forward, distribute(x, mesh, (Shard(1), Shard(1)), 0)),
         (plan.inverse, distribute(y, mesh, (Replicate(), Replicate()), 0)),
         (plan.inverse, distribute(y, slab, lead_placements(plan.output_placements[:1], 1), 0)),
+        (plan.inverse, distribute(y[..., :2], mesh, plan.output_placements, 1)),  # placed right, of another shape
         (lambda p: drift.DistributedFFT((8, 6, 4), mesh, p), (Shard(2), Shard(-1))),
         (lambda p: drift.DistributedFFT((8, 6, 4), mesh, p), (Partial(), Shard(0))),
     ]
@@ -466,5 +482,7 @@ def test_bad_dtensors_fail_before_any_collective(ranks):
         assert "mesh dim 0: Partial placements are not supported" in messages[3]
         assert "transformed dim 0 is split over mesh dims 0 and 1" in messages[4]
         assert kinds[5] == kinds[6] == "PlanError" and "expected" in messages[5] and "expected" in messages[6]
-        assert "transformed dim 2 is split over mesh dims 0 and 1" in messages[7]
-        assert "mesh dim 0: Partial placements are not supported" in messages[8]
+        assert kinds[7] == "PlanError"
+        assert "a DTensor of shape (2, 8, 6, 2), expected (*batch, *(8, 6, 3))" in messages[7]
+        assert "transformed dim 2 is split over mesh dims 0 and 1" in messages[8]
+        assert "mesh dim 0: Partial placements are not supported" in messages[9]

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from harness import device_for
 from meshes import local_block, mesh_for, rank_coordinates
 from reference import case_id, chunk_block, mesh_block, random_tensor, rel_err
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 import drift
@@ -63,6 +64,8 @@ def test_embedded_default_without_process_group():
     [
         ((), (), "at least one dim"),
         ((8, 0), (1, 1), "every extent positive"),
+        ((8.9, 6), (1, 1), "needs integer extents"),
+        ((True, 6), (1, 1), "needs integer extents"),
         ((8, 8), (2, 1), "has 2 ranks but the process group has 1"),
         ((8, 8), (0, 4), "needs positive entries"),
     ],
@@ -204,6 +207,27 @@ def _bad_placements():
         assert log.calls == []
         errors.append(str(info.value))
     return errors
+
+
+def _meshes_in_and_out_of_rank_order():
+    """Blocks on a mesh that lists its ranks transposed, and the refusal of one that lists them out of order
+    along a mesh dim (drift's collectives order a group's blocks by rank, as the group does)."""
+    kind = device_for(dist.get_rank()).type
+    transposed = DeviceMesh(kind, torch.tensor([[0, 2], [1, 3]]))
+    layout = drift.Layout((9, 6), transposed, (Shard(0), Shard(1)))
+    x = random_tensor((9, 6), torch.float64, 5)
+    gathered = layout.gather(layout.scatter(x))
+    blocks = local_block(x, transposed, (Shard(0), Shard(1)), 0)
+    with drift.comm_log() as log, pytest.raises(ValueError) as info:
+        drift.Layout((8, 6), DeviceMesh(kind, torch.tensor([3, 1, 0, 2])), (Shard(0),))
+    assert log.calls == []
+    return rel_err(gathered, x), rel_err(layout.scatter(x), blocks), str(info.value)
+
+
+def test_a_mesh_dim_must_list_its_ranks_in_increasing_order(ranks):
+    for round_trip, against_dtensor, error in ranks.run(4, _meshes_in_and_out_of_rank_order):
+        assert round_trip == against_dtensor == 0
+        assert "mesh dim 0 of the mesh of ranks [3, 1, 0, 2] lists them out of increasing order" in error
 
 
 def test_bad_placements_name_the_dim(ranks):

@@ -245,6 +245,74 @@ def test_gradients_follow_sum_convention(ranks, case):
     ranks.run(math.prod(case[1]), _check_gradients, *case)
 
 
+def _quadratic(out, seed):
+    """A rank's loss with a second derivative: a fixed random weighting of its output's squared values."""
+    real = torch.view_as_real(out) if out.is_complex() else out
+    return (real.square() * random_tensor(real.shape, torch.float64, seed).to(real.device)).sum()
+
+
+def _check_second_derivatives(shape, grid, modes, real):
+    """Each rank's gradient of a functional of its gradient (``create_graph``) equals single-process
+    autograd under the sum convention; a Replicate DTensor spectrum refuses a second derivative."""
+    rank, device = dist.get_rank(), device_for(dist.get_rank())
+    mesh, placements = mesh_for(grid)
+    plan = drift.TruncatedFFT(shape, modes, mesh, placements, real=real, dtype=torch.float64, device=device)
+    d = len(shape)
+    x = random_tensor((2, *shape), torch.float64, 5, complex_=not real)
+    xhat = random_tensor((2, *plan.mode_shape), torch.float64, 6, complex_=True)
+    coords = rank_coordinates(mesh)
+    blocks = [(..., *mesh_block(shape, mesh.shape, placements, c)) for c in coords]
+    shares = [_first(mesh_share(plan.mode_shape[0], mesh.shape, placements, c), d) for c in coords]
+
+    def local(fn, inp):
+        inp = inp.detach().to(device, copy=True).requires_grad_(True)
+        (grad,) = torch.autograd.grad(_quadratic(fn(inp), 100 + rank), inp, create_graph=True)
+        return torch.autograd.grad(_loss(grad, 200 + rank), inp)[0]
+
+    def reference(fn, inp, parts):
+        inp = inp.detach().clone().requires_grad_(True)
+        first = sum(_quadratic(out, 100 + r) for r, out in enumerate(fn(inp)))
+        (grad,) = torch.autograd.grad(first, inp, create_graph=True)
+        second = sum(_loss(grad[part], 200 + r) for r, part in enumerate(parts))
+        return torch.autograd.grad(second, inp)[0][parts[rank]]
+
+    def spectrum(t):
+        return truncated_spectrum(t, plan.modes, real, "backward")
+
+    def field(t):
+        return zero_filled_inverse(t, plan.modes, shape, real, "backward")
+
+    checks = {
+        "forward": (local(plan.forward, x[blocks[rank]]), reference(lambda t: [spectrum(t)] * len(coords), x, blocks)),
+        "forward sharded": (
+            local(lambda t: plan.forward(t, sharded=True), x[blocks[rank]]),
+            reference(lambda t: [spectrum(t)[s] for s in shares], x, blocks),
+        ),
+        "inverse sharded": (
+            local(lambda t: plan.inverse(t, sharded=True), xhat[shares[rank]]),
+            reference(lambda t: [field(t)[b] for b in blocks], xhat, shares),
+        ),
+        "forward then inverse": (
+            local(lambda t: plan.inverse(plan.forward(t)), x[blocks[rank]]),
+            reference(lambda t: [field(spectrum(t))[b] for b in blocks], x, blocks),
+        ),
+    }
+    for name, (got, want) in checks.items():
+        assert rel_err(got, want) <= TOL[torch.float64], (name, rel_err(got, want))
+    x_dtensor = distribute(x, mesh, placements, 1, requires_grad=True)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(plan(x_dtensor).abs().square().sum(), x_dtensor, create_graph=True)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [((9, 10), (2, 1), (2, 3), True), ((7, 8, 6), (2, 2, 1), (2, 2, 4), True), ((5, 6), (3, 1), (2, 3), False)],
+    ids=lambda c: f"{'x'.join(map(str, c[0]))}-grid{'x'.join(map(str, c[1]))}",
+)
+def test_second_derivatives_follow_sum_convention(ranks, case):
+    ranks.run(math.prod(case[1]), _check_second_derivatives, *case)
+
+
 # Plans whose inverse contracts in another order than the forward's reverse (``inverse_order``): the
 # forward's real stage is not innermost, the inverse's is. One rank, a slab, a pencil with an odd extent.
 SPLIT_ORDER_CASES = [
@@ -574,6 +642,22 @@ def test_chunks_are_cache_sized_on_the_cpu_and_whole_batches_elsewhere():
         assert plan.chunk_rows(plan._forward_stages, shape, rows) == 1
 
 
+@pytest.mark.parametrize(("shape", "modes"), [((65536,), 8), ((16384, 8), (8, 3))], ids=str)
+def test_long_contractions_keep_single_precision(shape, modes):
+    """One float32 field with a long dim: the forward and the inverse's adjoint (a gradient) sum over its
+    points in blocks, within float32's tolerance (one accumulator over 65536 terms lost 7e-6)."""
+    plan = drift.TruncatedFFT(shape, modes, dtype=torch.float32)
+    x = random_tensor((1, *shape), torch.float64, 12)
+    assert rel_err(plan(x.float()), truncated_spectrum(x, plan.modes, True, "backward")) <= TOL[torch.float32]
+    xhat = random_tensor((1, *plan.mode_shape), torch.float64, 13, complex_=True)
+    g = random_tensor((1, *shape), torch.float64, 14)
+    leaf = xhat.to(torch.complex64).requires_grad_(True)
+    (got,) = torch.autograd.grad(plan.inverse(leaf), leaf, g.float())
+    leaf = xhat.clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(zero_filled_inverse(leaf, plan.modes, shape, True, "backward"), leaf, g)
+    assert rel_err(got, want) <= TOL[torch.float32]
+
+
 @pytest.mark.parametrize("real", [True, False])
 def test_inverse_into_a_preallocated_tensor(real):
     """``inverse(out=...)`` writes torch.fft's values into ``out`` (in chunks) and returns it; an ``out`` it
@@ -596,6 +680,55 @@ def test_inverse_into_a_preallocated_tensor(real):
             plan.inverse(xhat, out=bad)
     with pytest.raises(drift.PlanError, match="automatic differentiation"):
         plan.inverse(xhat.clone().requires_grad_(True), out=out)
+    every_mode = drift.TruncatedFFT((6,), [list(range(6))], real=False, dtype=torch.float64)
+    spectrum = random_tensor((2, 6), torch.float64, 17, complex_=True)
+    with pytest.raises(drift.PlanError, match="out= shares memory with the input"):
+        every_mode.inverse(spectrum, out=spectrum)
+
+
+def _bad_outs_on_a_slab():
+    """``out=`` that the sharded inverse cannot fill is refused before its all-gather."""
+    device = device_for(dist.get_rank())
+    plan = drift.TruncatedFFT((8, 6), (2, 3), *mesh_for((2, 1)), dtype=torch.float64, device=device)
+    share = torch.zeros(2, *plan.share_shape, dtype=torch.complex128, device=device)
+    out = torch.empty(2, *plan.local_shape, dtype=torch.float64, device=device)
+    cases = [
+        (lambda o: plan.inverse(share, sharded=True, out=o), out[..., :-1]),
+        (lambda o: plan.inverse(share, sharded=True, out=o), out.float()),
+        (lambda s: plan.inverse(s, sharded=True, out=out), share.clone().requires_grad_(True)),
+    ]
+    return attempts_without_collectives(cases)
+
+
+def test_bad_outs_fail_before_any_collective(ranks):
+    for errors in ranks.run(2, _bad_outs_on_a_slab):
+        kinds, messages = zip(*errors, strict=True)
+        assert kinds == ("PlanError",) * 3, errors
+        assert "out= must be a contiguous torch.float64 tensor" in messages[0] + messages[1]
+        assert "automatic differentiation" in messages[2]
+
+
+def _conjugate_views():
+    """Lazily conjugated tensors (``t.conj()``, a loss written with ``y.conj()``) through the sharded paths
+    and ``Layout.gather``: the values and gradients of their resolved copies."""
+    device = device_for(dist.get_rank())
+    plan = drift.TruncatedFFT((8, 6), (2, 3), *mesh_for((2, 1)), dtype=torch.float64, device=device)
+    x = random_tensor((8, 6), torch.float64, 7).to(device)[plan.local_slices]
+    w = random_tensor(plan.share_shape, torch.float64, 8, complex_=True).to(device)
+    grads = []
+    for loss in (lambda y: (y.conj() * w).real.sum(), lambda y: (y.real * w.real + y.imag * w.imag).sum()):
+        leaf = x.clone().requires_grad_(True)
+        loss(plan(leaf, sharded=True)).backward()
+        grads.append(leaf.grad)
+    share = random_tensor(plan.share_shape, torch.float64, 9, complex_=True).to(device).conj()
+    block = random_tensor(plan.local_shape, torch.float64, 10, complex_=True).to(device).conj()
+    inverses = [plan.inverse(t, sharded=True) for t in (share, share.resolve_conj())]
+    gathered = [plan.layout.gather(t) for t in (block, block.resolve_conj())]
+    return rel_err(*grads), rel_err(*inverses), rel_err(*gathered)
+
+
+def test_conjugate_views_go_through_the_collectives(ranks):
+    assert ranks.run(2, _conjugate_views) == [(0.0, 0.0, 0.0)] * 2
 
 
 def _check_dtensors(shape, grid, placements, modes, real, batch):

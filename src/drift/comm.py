@@ -136,7 +136,7 @@ def _real(x: torch.Tensor) -> torch.Tensor:
 
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     size = world_size(group)
-    out = x.clone(memory_format=torch.contiguous_format)
+    out = x.resolve_conj().clone(memory_format=torch.contiguous_format)
     if size > 1:
         n = out.numel() * out.element_size()
         with _recorded("all_reduce", n, 2 * (size - 1) * n // size, size):
@@ -150,7 +150,7 @@ def _reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
         raise ValueError(f"reduce_scatter needs dim 0 ({x.shape[0]}) divisible by the group size {size}")
     if size == 1:
         return x.clone(memory_format=torch.contiguous_format)
-    x = x.contiguous()
+    x = x.resolve_conj().contiguous()
     out = x.new_empty(x.shape[0] // size, *x.shape[1:])
     n = x.numel() * x.element_size()
     with _recorded("reduce_scatter", n, (size - 1) * n // size, size):
@@ -169,7 +169,7 @@ def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
     size = world_size(group)
     if size == 1:
         return x.clone(memory_format=torch.contiguous_format)
-    x = x.contiguous()
+    x = x.resolve_conj().contiguous()
     out = x.new_empty(size * x.shape[0], *x.shape[1:])
     n = x.numel() * x.element_size()
     with _recorded("all_gather", n, (size - 1) * n, size):
@@ -179,6 +179,7 @@ def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
 
 def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group, out=None) -> torch.Tensor:
     size = world_size(group)
+    x = x.resolve_conj()
     out = x.new_empty(sum(recv)) if out is None else out
     if size == 1:
         return out.copy_(x)
@@ -211,7 +212,7 @@ class _AllToAll(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_to_all(grad, ctx.recv, ctx.send, ctx.group), None, None, None
+        return _AllToAll.apply(grad, ctx.recv, ctx.send, ctx.group), None, None, None
 
 
 class _Replicate(torch.autograd.Function):
@@ -222,7 +223,7 @@ class _Replicate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
+        return _AllReduce.apply(grad, ctx.group), None
 
 
 class _AllReduce(torch.autograd.Function):
@@ -233,7 +234,7 @@ class _AllReduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
+        return _AllReduce.apply(grad, ctx.group), None
 
 
 class _SumToReplicated(torch.autograd.Function):
@@ -243,6 +244,13 @@ class _SumToReplicated(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        if torch.is_grad_enabled():
+            # A second derivative's gradient here is each rank's own term, not the whole one the convention
+            # assumes: passing it through would drop the other ranks' terms.
+            raise RuntimeError(
+                "a Replicate DTensor sum (TruncatedFFT's replicated spectrum) is differentiable once: for "
+                "second derivatives take the spectrum with sharded=True or from plain tensors"
+            )
         return grad, None
 
 
@@ -254,7 +262,7 @@ class _ReduceScatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather(grad, ctx.group), None
+        return _AllGather.apply(grad, ctx.group), None
 
 
 class _AllGather(torch.autograd.Function):
@@ -265,7 +273,7 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.group), None
+        return _ReduceScatter.apply(grad, ctx.group), None
 
 
 def broadcast(x: torch.Tensor, *, src: int = 0, group=None) -> torch.Tensor:

@@ -411,6 +411,8 @@ class DistributedFFT(ComplexModule):
             raise PlanError(f"{what} on rank {comm.rank()}: inplace=True does not record autograd")
         staging = max(1, self.staging_bytes // t.element_size())
         t = t.view(math.prod(t.shape[: t.dim() - len(shape)]), *shape)
+        if t.numel() == 0:  # an empty batch on every rank: nothing to transform or exchange
+            return t
         steps = reversed(self._steps) if inverse else self._steps
         for step in steps:
             if isinstance(step, _Local):
@@ -468,6 +470,10 @@ class DistributedFFT(ComplexModule):
                 raise PlanError(
                     f"inverse input: placements {y.placements} on {y.device_mesh}, expected {expected} on "
                     f"{self.layout.mesh}"
+                )
+            if lead < 0 or tuple(y.shape[lead:]) != self.output_shape:
+                raise PlanError(
+                    f"inverse input: a DTensor of shape {tuple(y.shape)}, expected (*batch, *{self.output_shape})"
                 )
             x = self._execute(y.to_local(), inverse=True)
             placements = shift_placements(self.layout.placements, lead)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -73,7 +74,9 @@ class Layout:
     def __init__(
         self, global_shape: Sequence[int], mesh=None, placements: Sequence | None = None, reduction=None
     ) -> None:
-        self.global_shape = tuple(int(n) for n in global_shape)
+        if any(isinstance(n, bool) or not hasattr(n, "__index__") for n in global_shape):
+            raise ValueError(f"global_shape {tuple(global_shape)} needs integer extents")
+        self.global_shape = tuple(operator.index(n) for n in global_shape)
         d = len(self.global_shape)
         if d == 0 or any(n < 1 for n in self.global_shape):
             raise ValueError(f"global_shape {self.global_shape} needs at least one dim, every extent positive")
@@ -110,6 +113,14 @@ class Layout:
         self.coordinate = coordinate
         self.coords = tuple(0 if a is None else coordinate[a] for a in axes)
         self.spatial_axes = tuple(sorted(a for a in axes if a is not None))
+        for axis in self.spatial_axes:
+            lines = mesh.mesh.movedim(axis, -1).reshape(-1, mesh_shape[axis])
+            if bool((lines.diff() <= 0).any()):
+                raise ValueError(
+                    f"mesh dim {axis} of the mesh of ranks {mesh.mesh.tolist()} lists them out of increasing "
+                    "order: drift's collectives order a group's blocks by rank, so a mesh dim that splits the "
+                    "field must list its ranks in increasing order"
+                )
         self.local_slices = self.slices(self.coords)
         self.local_shape = tuple(s.stop - s.start for s in self.local_slices)
         if reduction is not None:
