@@ -348,6 +348,36 @@ def test_module_conversions_keep_the_forward_exact():
         model(x.half().to(device))
 
 
+def test_each_parameter_trained_alone_gets_its_gradient():
+    """Fine-tuning a subset (here each parameter alone, the others frozen) gives the gradients of training
+    them all: a block runs its recorded path when any of its pointwise parameters trains."""
+    torch.manual_seed(12)
+    model = FNO(2, 1, 6, (2, 2, 3), n_layers=2, dtype=torch.float64)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 13)
+    model(x).square().sum().backward()
+    every = {name: p.grad.clone() for name, p in model.named_parameters()}
+    for name, param in model.named_parameters():
+        for p in model.parameters():
+            p.requires_grad_(p is param)
+            p.grad = None
+        model(x).square().sum().backward()
+        assert rel_err(param.grad, every[name]) <= 1e-12, name
+
+
+def test_meta_init_and_shared_memory_keep_complex_weights():
+    """``to_empty`` materialises a model built on the meta device, and ``share_memory`` shares its complex
+    spectral weights as it does the real parameters."""
+    torch.manual_seed(14)
+    built = FNO(2, 1, 6, (2, 2, 3), n_layers=2, factorization="tucker", rank=0.5)
+    deferred = FNO(2, 1, 6, (2, 2, 3), n_layers=2, factorization="tucker", rank=0.5, device="meta")
+    deferred.to_empty(device="cpu").load_state_dict(built.state_dict())
+    x = random_tensor((1, 2, 9, 8, 6), torch.float32, 15)
+    assert rel_err(deferred(x), built(x)) == 0
+    plain = FNO(2, 1, 6, (2, 2, 3), n_layers=1).share_memory()
+    assert plain.spectral[0].weight.is_complex()
+    assert all(p.is_shared() for p in [*built.share_memory().parameters(), *plain.parameters()])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_runs_the_transform_in_float32(dtype):
     torch.manual_seed(9)
@@ -385,6 +415,7 @@ def _bad_inputs():
     torch.manual_seed(0)
     mesh, placements = _mesh((4, 1, 1))
     model = parallelize(FNO(2, 1, 4, (2, 2, 2), n_layers=1), mesh, placements)
+    embedded = parallelize(FNO(2, 1, 4, (2, 2, 2), n_layers=1, positional_embedding="grid"), mesh, placements)
     device = device_for(dist.get_rank())
     x = torch.randn(2, 2, 8, 8, 6)
     errors = {}
@@ -394,6 +425,17 @@ def _bad_inputs():
         "channels": lambda: model(_distribute(x, mesh, (Shard(1),), device)[0]),
         "placements": lambda: model(_distribute(x, mesh, (Shard(3),), device)[0]),
         "modes": lambda: model(_distribute(torch.randn(2, 2, 3, 8, 6), mesh, placements, device)[0]),
+        # Blocks of 3, 3, 1, 1 rows where torch.chunk cuts 2 each, into the grid embedding's concatenation.
+        "blocks": lambda: embedded(
+            DTensor.from_local(
+                x[:, :, :1].repeat(1, 1, [3, 3, 1, 1][dist.get_rank()], 1, 1).to(device),
+                mesh,
+                placements,
+                run_check=False,
+                shape=x.shape,
+                stride=x.stride(),
+            )
+        ),
     }
     for name, run in cases.items():
         with drift.comm_log() as log:
@@ -412,6 +454,7 @@ def test_bad_inputs_raise_before_any_collective(ranks):
     assert "placements (Shard(dim=1),)" in errors["channels"]
     assert "placements (Shard(dim=3),)" in errors["placements"]
     assert "resolution (3, 8, 6)" in errors["modes"] and "2k = 4 exceeds the extent 3" in errors["modes"]
+    assert "PlanError: expected a block ending in (2, 8, 6), got shape (2, 2, " in errors["blocks"]
 
 
 def test_bad_parallelize_placements(ranks):
@@ -424,6 +467,7 @@ def _bad_parallelize():
         ((Shard(1),), "mesh dim 0 .* has placement Shard\\(dim=1\\)"),
         ((Replicate(),), "mesh dim 0 .* has placement Replicate"),
         ((Shard(2), Shard(3)), "need one entry per dim"),
+        ((Shard(5),), "Shard\\(dim=5\\) is out of range for inputs of 5 dims"),
     ]:
         with pytest.raises(ValueError, match=match):
             parallelize(FNO(1, 1, 4, (2, 2, 2), n_layers=1), mesh, placements)
@@ -783,3 +827,53 @@ def test_auto_parallelized_picks_by_the_mesh_and_computes_the_same_function(rank
         assert rel_err(y, y_ref) <= 1e-12
         assert "method='auto' chooses by the grid: pass parallelize(..., global_shape=)" in errors[0]
         assert "method='auto' at resolution" in errors[1] and "no method fits" in errors[1]
+
+
+def _every_dim_split():
+    """A 2-D FNO keeping every mode on a 2 x 2 pencil: auto leaves out dfno-pruned, which needs a whole dim;
+    asked for, dfno-pruned is refused before the model changes."""
+    device = device_for(dist.get_rank())
+    mesh, placements = _mesh((2, 2))
+    torch.manual_seed(3)
+    auto = parallelize(
+        FNO(2, 1, 6, (4, 5), n_layers=1, method="auto", dtype=torch.float64, device=device),
+        mesh,
+        placements,
+        global_shape=(8, 8),
+    )
+    x = random_tensor((2, 2, 8, 8), torch.float64, 8)
+    y = auto(_distribute(x, mesh, placements, device)[0]).full_tensor().detach().cpu()
+    pruned = FNO(2, 1, 6, (4, 5), n_layers=1, method="dfno-pruned", device=device)
+    with pytest.raises(ValueError, match="split every dim: at least one dim must be whole"):
+        parallelize(pruned, mesh, placements)
+    untouched = all(getattr(m, "mesh", None) is None for m in pruned.modules())
+    return auto.spectral[0].method, y, untouched
+
+
+def test_auto_leaves_out_what_cannot_run_on_the_mesh(ranks):
+    torch.manual_seed(3)
+    single = FNO(2, 1, 6, (4, 5), n_layers=1, method="drift", dtype=torch.float64)
+    y_ref = reference_fno(single, random_tensor((2, 2, 8, 8), torch.float64, 8))
+    for method, y, untouched in ranks.run(4, _every_dim_split):
+        assert method == "drift" and rel_err(y, y_ref) <= 1e-12 and untouched
+
+
+def _mesh_dim_of_one_rank(method):
+    """A 2 x 2 pencil given as a (2, 2, 1) mesh whose last dim, of one rank, 'splits' z."""
+    device = device_for(dist.get_rank())
+    mesh = drift.layout.device_mesh((2, 2, 1), ("x", "y", "z"), device.type)
+    placements = (Shard(2), Shard(3), Shard(4))
+    torch.manual_seed(3)
+    model = FNO(2, 1, 6, (2, 2, 3), n_layers=1, method=method, dtype=torch.float64, device=device)
+    parallelize(model, mesh, placements)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 8)
+    return model(_distribute(x, mesh, placements, device)[0]).full_tensor().detach().cpu()
+
+
+@pytest.mark.parametrize("method", ["dfno", "dfno-pruned"])
+def test_a_mesh_dim_of_one_rank_leaves_its_dim_whole(ranks, method):
+    torch.manual_seed(3)
+    single = FNO(2, 1, 6, (2, 2, 3), n_layers=1, method=method, dtype=torch.float64)
+    y_ref = reference_fno(single, random_tensor((2, 2, 9, 8, 6), torch.float64, 8))
+    for y in ranks.run(4, _mesh_dim_of_one_rank, method):
+        assert rel_err(y, y_ref) <= 1e-12

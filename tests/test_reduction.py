@@ -194,13 +194,16 @@ def _bad_reductions():
             (lambda m: parallelize(m, mesh, (Shard(2),), reduction=(2, 3)), FNO(1, 1, 2, (2, 2), 1, method="dfno")),
         ]
     )
-    # A reduction mesh over other ranks than the field's; one that does not split a pencil's mesh dims in turn.
+    # A reduction mesh over other ranks than the field's; one that does not split a pencil's mesh dims in turn;
+    # a sub-mesh, whose ranks cannot make the groups of the other sub-meshes' fields.
     other = drift.reduction_mesh(mesh, [], (1,))
     pencil, pencil_placements = mesh_for((3, 2))
+    rows = drift.layout.device_mesh((3, 2), ("data", "x"), mesh.device_type)["x"]
     errors += attempts_without_collectives(
         [
             (lambda r: drift.TruncatedFFT((12, 6), 2, mesh, placements, reduction=r), other),
             (lambda r: drift.TruncatedFFT((12, 6), 2, pencil, pencil_placements, reduction=r), (2, 3)),
+            (lambda m: parallelize(m, rows, (Shard(2),), reduction=(2,)), FNO(1, 1, 2, (2, 2), 1)),
         ]
     )
     return errors
@@ -218,6 +221,7 @@ def test_bad_reductions_fail_before_any_collective(ranks):
         assert "reduction applies to method 'drift' only" in messages[5] and "dfno" in messages[5]
         assert "does not span, in order, the ranks [0, 1, 2, 3, 4, 5]" in messages[6]
         assert "reduction (2, 3) does not split the spatial mesh dims (3, 2) in turn" in messages[7]
+        assert "reduction needs a mesh over all 6 ranks, got a sub-mesh of 2" in messages[8]
 
 
 def test_one_process_reduction():

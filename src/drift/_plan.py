@@ -4,6 +4,7 @@ conversions (``.to``, ``.double``) that keep complex tensors complex."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -43,7 +44,8 @@ class ComplexModule(nn.Module):
     torch's ``Module.to(torch.float64)`` casts a complex tensor to a real one (dropping the imaginary
     part) and ``.double()`` leaves it complex64. Here a complex tensor goes wherever ``fn`` sends a real
     tensor of its precision: ``.double()`` or ``.to(torch.float64)`` make complex64 complex128,
-    ``.float()`` the reverse, ``.to(device)`` moves it. Children get the same treatment.
+    ``.float()`` the reverse, ``.to(device)`` moves it. Where ``fn`` already treats a complex tensor so
+    (``to_empty``, ``share_memory``, a move) it applies as it is. Children get the same treatment.
     """
 
     def _apply(self, fn, recurse=True):
@@ -55,6 +57,11 @@ class ComplexModule(nn.Module):
                 return fn(t)
             probe = fn(torch.empty(0, dtype=real_dtype(t.dtype), device=t.device))
             target = probe.dtype if probe.is_complex() else _COMPLEX.get(probe.dtype, t.dtype)
+            with warnings.catch_warnings():  # a cast of the empty complex probe to a real dtype warns
+                warnings.simplefilter("ignore")
+                complex_probe = fn(torch.empty(0, dtype=t.dtype, device=t.device))
+            if (complex_probe.dtype, complex_probe.device) == (target, probe.device):
+                return fn(t)
             return t.to(device=probe.device, dtype=target)
 
         apply._complex_aware = True

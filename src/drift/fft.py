@@ -237,7 +237,7 @@ class DistributedFFT(ComplexModule):
             raise ValueError(f"norm for kind {kind!r} must be one of {norms}, got {norm!r}")
         self.layout = Layout(global_shape, mesh, placements)
         self.global_shape = self.layout.global_shape
-        if all(a is not None for a in self.layout.axes):
+        if all(p > 1 for p in self.layout.parts):
             raise ValueError(f"placements {self.layout.placements} split every dim: at least one dim must be whole")
         self.kind, self.norm, self.inplace, self.strict = kind, norm, inplace, strict
         device = resolve_device(device)
@@ -297,7 +297,8 @@ class DistributedFFT(ComplexModule):
         """The forward steps, and the mesh dim each output dim is split over (None: whole)."""
         d = len(self.global_shape)
         layout = self.layout
-        axis = list(layout.axes)  # the mesh dim splitting each dim
+        # The mesh dim splitting each dim; a dim over a mesh dim of one rank is whole.
+        axis = [a if a is not None and layout.axis_size(a) > 1 else None for a in layout.axes]
         extents = list(self.global_shape)
         transformed: set[int] = set()
         steps: list = []

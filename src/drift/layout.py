@@ -335,6 +335,12 @@ def reduction_mesh(mesh, spatial_axes: Sequence[int], shape: Sequence[int], *, t
             f"(mesh dims {dims} of the {tuple(mesh.shape)} mesh): its entries must multiply to {split}"
         )
     split_reduction(shape, [mesh.size(a) for a in spatial_axes])
+    if mesh.mesh.numel() != comm.world_size():
+        # Every rank must make every group, but a sub-mesh's ranks know only their own fields' groups.
+        raise ValueError(
+            f"reduction needs a mesh over all {comm.world_size()} ranks, got a sub-mesh of {mesh.mesh.numel()}: "
+            "use the whole mesh (its other dims as data-parallel or replicated dims)"
+        )
     others = [a for a in range(mesh.ndim) if a not in spatial_axes]
     every_field = mesh.mesh.permute(*others, *spatial_axes).reshape(-1, *shape)
     if any(bool((line.diff() <= 0).any()) for line in every_field.reshape(-1, split)):

@@ -68,7 +68,8 @@ def fno_block(
     y = spectral.forward_local(x_spectral, layout, out=out, constant=pointwise.bias if fold else None)
     act = non_linearity if activation else None
     with phase("pointwise+gelu"):
-        recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or pointwise.weight.requires_grad)
+        trained = any(p.requires_grad for p in pointwise.parameters())
+        recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or trained)
         if autocast or (recorded and y.is_complex()):
             y = pointwise(x, add=y)
             return activate(non_linearity, y) if activation else y

@@ -24,6 +24,8 @@ def _roles(mesh, placements: Sequence, d: int) -> tuple[tuple[int, ...], tuple[i
         raise ValueError(f"placements {tuple(placements)} need one entry per dim of the {tuple(mesh.shape)} mesh")
     data, spatial, seen = [], [], set()
     for axis, p in enumerate(placements):
+        if isinstance(p, Shard) and not -(2 + d) <= p.dim < 2 + d:
+            raise ValueError(f"mesh dim {axis}: {p!r} is out of range for inputs of {2 + d} dims")
         if isinstance(p, Shard) and p.dim % (2 + d) == 0:
             data.append(axis)
         elif isinstance(p, Shard) and p.dim % (2 + d) >= 2:
@@ -82,8 +84,8 @@ def parallelize(
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
     if d is None:
         raise ValueError("parallelize found no drift.nn.SpectralConv in the model")
-    placements = tuple(Shard(p.dim % (2 + d)) if isinstance(p, Shard) else p for p in placements)
     data_axes, spatial_axes = _roles(mesh, placements, d)
+    placements = tuple(Shard(p.dim % (2 + d)) if isinstance(p, Shard) else p for p in placements)
     split = [any(placements[a].dim == 2 + i and mesh.size(a) > 1 for a in spatial_axes) for i in range(d)]
     layers = [m for m in model.modules() if isinstance(m, SpectralConv)]
     if any(m.method == AUTO for m in layers):
@@ -103,6 +105,8 @@ def parallelize(
             raise ValueError(f"reduction applies to method 'drift' only; the model has {', '.join(others)} layers")
         if not isinstance(reduction, DeviceMesh):
             reduction = reduction_mesh(mesh, spatial_axes, reduction)
+    # What can still fail (a dfno-pruned layout) fails here, before the model changes.
+    weight_placements = {id(m): _weight_placements(m, mesh, placements) for m in layers}
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, FactorizedWeight):  # its SpectralConv came first and was checked
@@ -118,7 +122,7 @@ def parallelize(
             for name, param in list(module.named_parameters(recurse=False)):
                 value = param.detach()
                 if isinstance(module, SpectralConv) and name == "weight":
-                    stored = distribute_tensor(value, mesh, _weight_placements(module, mesh, placements))
+                    stored = distribute_tensor(value, mesh, weight_placements[id(module)])
                 else:
                     stored = distribute_tensor(value, mesh, (Replicate(),) * mesh.ndim).to_local()
                 setattr(module, name, nn.Parameter(stored, requires_grad=param.requires_grad))
@@ -140,9 +144,9 @@ def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machin
     parts = [math.prod(mesh.size(a) for a in spatial_axes if placements[a].dim == 2 + i) for i in range(d)]
     machine = machine or Machine.default(mesh.device_type)
     for layer in (m for m in layers if m.method == AUTO):
-        # dfno-pruned cannot pad a split dim, nor take a reduction mesh.
+        # dfno-pruned cannot pad a split dim, nor take a reduction mesh, nor split every dim.
         padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
-        excluded = ("dfno-pruned",) if padded_split or reduction is not None else ()
+        excluded = ("dfno-pruned",) if padded_split or reduction is not None or all(split) else ()
         layer.choose_method(tuple(global_shape), parts, machine, excluded)
 
 
