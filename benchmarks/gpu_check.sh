@@ -53,6 +53,9 @@ step 45 modes python3 -m drift bench modes --device "$device" --nproc 1 --out "$
 step 45 phases python3 -m drift bench phases --device "$device" --nproc 1 --out "$work/phases"
 # Kernels and host dispatch of one block against its wall time: what bounds a block on this GPU.
 step 60 dispatch python3 benchmarks/dispatch.py --device "$device" --json "$work/dispatch.json"
+# The same model compiled whole with CUDA graphs: what launch-bound blocks gain from torch.compile.
+step 120 compiled python3 benchmarks/compiled.py --device "$device" --shape 64x64x32x30 --layers 1 \
+    --mode reduce-overhead --rounds 5 --json "$work/compiled.json"
 if [ "$ranks" -gt 1 ]; then
     step 60 comm python3 -m drift bench comm --device "$device" --nproc "$ranks" --fno-ranks "$ranks" \
         --out "$work/comm"

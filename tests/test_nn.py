@@ -411,6 +411,59 @@ def test_compile_matches_eager():
     assert rel_err(compiled, eager) <= 2e-6
 
 
+COMPILED = {
+    "drift": ({}, "aot_eager"),
+    "neuralop options": (
+        dict(positional_embedding="grid", lifting_channel_ratio=2, use_channel_mlp=True, norm="instance_norm"),
+        "eager",
+    ),
+    "dfno-pruned, tucker": (dict(method="dfno-pruned", factorization="tucker", rank=0.5), "eager"),
+}
+
+
+@pytest.mark.parametrize("case", COMPILED.values(), ids=COMPILED.keys())
+def test_compile_traces_the_model_as_one_graph(case):
+    """After an eager call at the resolution (which builds its plans), ``torch.compile(fullgraph=True)``
+    traces the model whole, recorded and unrecorded, with the eager values and gradients; "aot_eager"
+    traces the backward too."""
+    options, backend = case
+    torch.manual_seed(10)
+    model = FNO(2, 1, 6, (2, 2, 3), n_layers=1, dtype=torch.float64, **options)
+    x = random_tensor((2, 2, 9, 8, 6), torch.float64, 11)
+    eager = model(x)
+    want = torch.autograd.grad(eager.square().sum(), list(model.parameters()))
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    y = compiled(x)
+    got = torch.autograd.grad(y.square().sum(), list(model.parameters()))
+    with torch.no_grad():
+        unrecorded = compiled(x)
+    reference = reference_fno(model, x) if not options else eager
+    assert rel_err(y, reference) <= 1e-12 and rel_err(unrecorded, reference) <= 1e-12
+    for (name, _), g, w in zip(model.named_parameters(), got, want, strict=True):
+        assert rel_err(g, w) <= 1e-12, name
+
+
+def _compiled_on_ranks():
+    device = device_for(dist.get_rank())
+    mesh, placements = _mesh((2, 1, 1))
+    torch.manual_seed(10)
+    model = parallelize(FNO(2, 1, 6, (2, 2, 3), n_layers=1, dtype=torch.float64, device=device), mesh, placements)
+    x, _ = _distribute(random_tensor((2, 2, 9, 8, 6), torch.float64, 11), mesh, placements, device)
+    eager = model(x)
+    want = torch.autograd.grad(eager.to_local().square().sum(), list(model.parameters()))
+    y = torch.compile(model, backend="aot_eager")(x)
+    got = torch.autograd.grad(y.to_local().square().sum(), list(model.parameters()))
+    return rel_err(y.full_tensor(), eager.full_tensor()), max(
+        rel_err(_whole(g), _whole(w)) for g, w in zip(got, want, strict=True)
+    )
+
+
+def test_compile_on_ranks_matches_eager(ranks):
+    """Several ranks: the graph breaks at the collectives, and the values and gradients are eager's."""
+    for out, grads in ranks.run(2, _compiled_on_ranks):
+        assert out <= 1e-12 and grads <= 1e-12
+
+
 def _bad_inputs():
     torch.manual_seed(0)
     mesh, placements = _mesh((4, 1, 1))

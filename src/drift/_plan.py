@@ -12,6 +12,13 @@ from torch import nn
 from drift.errors import PlanError
 
 
+def chunk_bound(bounds: dict[str, int], other: int, device: torch.device) -> int:
+    """The bound of a chunk's intermediates in ``bounds`` for ``device``'s type, else ``other``. Under
+    ``torch.compile`` always ``other``: the compiler orders the work, and a chunk loop would unroll into
+    the graph."""
+    return other if torch.compiler.is_compiling() else bounds.get(device.type, other)
+
+
 def resolve_device(device: torch.device | str | None) -> torch.device:
     """The plan's device, with an explicit index for CUDA (so equality with a tensor's device holds)."""
     device = torch.device("cpu") if device is None else torch.device(device)
@@ -109,6 +116,8 @@ class Workspace:
         self._buffers: dict[tuple, torch.Tensor] = {}
 
     def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # the compiled graph allocates its own intermediates
+            return torch.empty(shape, dtype=dtype, device=device)
         numel = math.prod(shape)
         buf = self._buffers.get(key)
         if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < numel:

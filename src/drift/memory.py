@@ -92,13 +92,16 @@ _POOL = TensorPool()
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype, device=device)``, from the process's pool for a large CPU tensor."""
+    """``torch.empty(shape, dtype=dtype, device=device)``, from the process's pool for a large CPU tensor
+    (not under ``torch.compile``, whose graph allocates its own)."""
+    if torch.compiler.is_compiling():
+        return torch.empty(shape, dtype=dtype, device=device)
     return _POOL.empty(shape, dtype, device)
 
 
 def empty_like(t: torch.Tensor) -> torch.Tensor:
     """A contiguous uninitialised tensor of ``t``'s shape, dtype and device (``empty``)."""
-    return _POOL.empty(tuple(t.shape), t.dtype, t.device)
+    return empty(tuple(t.shape), t.dtype, t.device)
 
 
 def empty_cache() -> None:

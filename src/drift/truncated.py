@@ -34,7 +34,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from drift import comm, memory
-from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
+from drift._plan import (
+    ComplexModule,
+    Workspace,
+    check_input,
+    chunk_bound,
+    complex_dtype,
+    real_dtype,
+    resolve_device,
+)
 from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
 
@@ -287,7 +295,11 @@ def _expand_pairs(g: torch.Tensor, fold: _Fold, axis: int, pair_axis: int, out: 
             target.imag.copy_(yi)
             continue
         zr, zi = real.narrow(axis, run.imag_row, run.length), imag.narrow(axis, run.imag_row, run.length)
-        if run.conj:
+        if torch.compiler.is_compiling():  # it does not trace out= into strided views
+            sign = 1 if run.conj else -1
+            target.real.copy_(yr + sign * zi)
+            target.imag.copy_(yi - sign * zr)
+        elif run.conj:
             torch.add(yr, zi, out=target.real)
             torch.sub(yi, zr, out=target.imag)
         else:
@@ -736,7 +748,7 @@ class TruncatedFFT(ComplexModule):
         for stage in stages:
             sizes = stage.extents(sizes)
             widest = max(widest, math.prod(sizes), 1)
-        budget = self.work_bytes or WORK_BYTES.get(self.device.type, OTHER_DEVICES_WORK_BYTES)
+        budget = self.work_bytes or chunk_bound(WORK_BYTES, OTHER_DEVICES_WORK_BYTES, self.device)
         return max(1, min(rows, budget // (4 * widest * self.complex_dtype.itemsize)))
 
     def _run_chunks(
@@ -836,7 +848,7 @@ class TruncatedFFT(ComplexModule):
             if not share.start <= position[0] < share.stop:
                 return xhat
             position[0] -= share.start
-        scale = math.prod(self._scale(dim, inverse=True) for dim in range(len(self.modes)))
+        scale = math.prod([self._scale(dim, inverse=True) for dim in range(len(self.modes))])
         xhat[(slice(None), slice(None), *position)] += value.to(xhat.dtype) / scale
         return xhat
 
@@ -851,7 +863,9 @@ class TruncatedFFT(ComplexModule):
                 f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {out.dtype} tensor of shape "
                 f"{tuple(out.shape)} on {out.device}"
             )
-        if out.numel() and xhat.numel() and out.untyped_storage().data_ptr() == xhat.untyped_storage().data_ptr():
+        # Storages are not traced by torch.compile, which writes out= through a copy anyway.
+        shared = not torch.compiler.is_compiling() and out.numel() and xhat.numel()
+        if shared and out.untyped_storage().data_ptr() == xhat.untyped_storage().data_ptr():
             raise PlanError("inverse: out= shares memory with the input; give a separate tensor")
         if torch.is_grad_enabled() and (xhat.requires_grad or out.requires_grad):
             raise PlanError("inverse: out= does not support automatic differentiation (an input requires grad)")

@@ -26,7 +26,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 from drift import memory
-from drift._plan import Workspace
+from drift._plan import Workspace, chunk_bound
 
 # Intermediates per chunk of the pointwise layers. On the CPU below glibc's largest mmap threshold (32 MiB), so
 # that chunks reuse the heap instead of page-faulting fresh maps; elsewhere large, each chunk costing kernel
@@ -65,14 +65,15 @@ def _chunk_view(buffer: torch.Tensor, *shape: int) -> torch.Tensor:
 
 def _points_per_chunk(device: torch.device, bytes_per_point: int, chunk_bytes: int | None = None) -> int:
     """Points per chunk: ``chunk_bytes`` (default ``CHUNK_BYTES`` for the device) of intermediates."""
-    chunk_bytes = chunk_bytes or CHUNK_BYTES.get(device.type, OTHER_DEVICES_CHUNK_BYTES)
+    chunk_bytes = chunk_bytes or chunk_bound(CHUNK_BYTES, OTHER_DEVICES_CHUNK_BYTES, device)
     return max(1, chunk_bytes // max(1, bytes_per_point))
 
 
 def _parts(device: torch.device) -> int:
     """Pieces a chunk is cut into for one batched gemm, one piece per thread on the CPU: MKL shares a thin
-    gemm (an inner or outer dimension of 5-21) poorly between threads, a batch of them well."""
-    return torch.get_num_threads() if device.type == "cpu" else 1
+    gemm (an inner or outer dimension of 5-21) poorly between threads, a batch of them well. One under
+    ``torch.compile``."""
+    return torch.get_num_threads() if device.type == "cpu" and not torch.compiler.is_compiling() else 1
 
 
 def _pieces(points: int, step: int, parts: int) -> Iterator[tuple[int, int, int]]:
@@ -160,8 +161,8 @@ def mlp_unrecorded(
 
 def _thread_chunk_bytes(device: torch.device) -> int | None:
     """Bytes per chunk of a thin pointwise gemm (the projection's, a lift's): ``PIECE_BYTES`` a thread on
-    the CPU; elsewhere None, ``_points_per_chunk``'s default."""
-    return _parts(device) * PIECE_BYTES if device.type == "cpu" else None
+    the CPU; elsewhere (and under ``torch.compile``) None, ``_points_per_chunk``'s default."""
+    return _parts(device) * PIECE_BYTES if device.type == "cpu" and not torch.compiler.is_compiling() else None
 
 
 def linear_into(
@@ -238,6 +239,8 @@ def chunked_pointwise(
     Differentiable in ``x`` and ``params``: the backward pass recomputes each chunk (``fn`` must be
     deterministic). Returns ``(b, out_channels, *spatial)``."""
     flat = _flat(x)
+    if torch.compiler.is_compiling():  # the compiler decides what to keep for the backward
+        return fn(flat, *params).view(x.shape[0], out_channels, *x.shape[2:])
     step = _points_per_chunk(x.device, bytes_per_point, chunk_bytes)
     out = _Chunked.apply(fn, step, out_channels, flat, *params)
     return out.view(x.shape[0], out_channels, *x.shape[2:])

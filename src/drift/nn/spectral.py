@@ -86,7 +86,7 @@ def _mix(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     ``drift.memory``'s pool: a fresh one page-faults on every call."""
     first, w0 = x[:, 0].unsqueeze(1), w[0]
     shape = torch.broadcast_shapes(first.shape, w0.shape)
-    y = torch.mul(first, w0, out=memory.empty(shape, torch.result_type(x, w), x.device))
+    y = torch.mul(first, w0, out=memory.empty(shape, torch.promote_types(x.dtype, w.dtype), x.device))
     for i in range(1, x.shape[1]):
         y.addcmul_(x[:, i].unsqueeze(1), w[i])
     return y
