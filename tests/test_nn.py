@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import drift
 from drift.layout import to_dtensor
-from drift.nn import FNO, SpectralConv, parallelize
+from drift.nn import FNO, SpectralConv, clip_grad_norm_, parallelize
 from drift.nn.auto import Machine, choose_method, method_costs
 
 _MESHES: dict = {}
@@ -225,6 +225,37 @@ def test_fno_is_the_same_function_on_every_mesh(ranks, grid, data, method):
             assert rel_err(grads[name], p.grad) <= 1e-12, name
         for name, value in single.state_dict().items():
             assert torch.equal(state[name], value), name
+
+
+def _clipped(grid, data, max_norm, norm_type):
+    rank, device = dist.get_rank(), device_for(dist.get_rank())
+    torch.manual_seed(3)
+    model = FNO(2, 1, 6, (2, 2, 3), n_layers=2, dtype=torch.float64, device=device)
+    mesh, placements = _mesh(grid, data)
+    parallelize(model, mesh, placements)
+    xd, _ = _distribute(random_tensor((2, 2, 9, 8, 6), torch.float64, 8), mesh, placements, device)
+    _loss(model(xd).to_local(), 200 + rank).backward()
+    norm = clip_grad_norm_(model.parameters(), max_norm, norm_type)
+    layout = drift.Layout((2, 1, 9, 8, 6), mesh, placements)
+    return norm.item(), {n: _whole(p.grad) for n, p in model.named_parameters()}, (layout.local_slices, rank)
+
+
+@pytest.mark.parametrize(("grid", "data", "norm_type"), [((2, 1, 1), 2, 2.0), ((1, 2, 2), 0, math.inf)])
+def test_clip_grad_norm_of_a_parallelized_model_is_torch_s_of_one_process(ranks, grid, data, norm_type):
+    """Sharded spectral weights and replicated parameters together: the global norm, and the same
+    clipped gradients as ``torch.nn.utils.clip_grad_norm_`` on one process (which refuses the mix)."""
+    max_norm = 1e-3
+    results = ranks.run(math.prod(grid) * max(data, 1), _clipped, grid, data, max_norm, norm_type)
+    torch.manual_seed(3)
+    single = FNO(2, 1, 6, (2, 2, 3), n_layers=2, dtype=torch.float64)
+    y_ref = single(random_tensor((2, 2, 9, 8, 6), torch.float64, 8))
+    sum(_loss(y_ref[slices], 200 + r) for _, _, (slices, r) in results).backward()
+    want = torch.nn.utils.clip_grad_norm_(single.parameters(), max_norm, norm_type).item()
+    assert want > 10 * max_norm  # the gradients are clipped
+    for norm, grads, _ in results:
+        assert abs(norm - want) <= 1e-12 * want
+        for name, p in single.named_parameters():
+            assert rel_err(grads[name], p.grad) <= 1e-12, name
 
 
 def _train_steps(grid, data, state, steps):

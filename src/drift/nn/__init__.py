@@ -10,7 +10,7 @@ from drift.nn.interop import (
     to_neuralop_weight,
 )
 from drift.nn.norm import GlobalNorm
-from drift.nn.parallel import parallelize
+from drift.nn.parallel import clip_grad_norm_, parallelize
 from drift.nn.pointwise import ChannelMLP, PointwiseLinear, SoftGating, skip_connection
 from drift.nn.replicated import Replicated
 from drift.nn.spectral import METHODS, SpectralConv, spectral_weight
@@ -27,6 +27,7 @@ __all__ = [
     "Replicated",
     "SoftGating",
     "SpectralConv",
+    "clip_grad_norm_",
     "fno_block",
     "from_neuralop_factors",
     "from_neuralop_weight",

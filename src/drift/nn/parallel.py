@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+from drift import comm
 from drift.layout import reduction_mesh
 from drift.nn.auto import Machine
 from drift.nn.factorized import FactorizedWeight
@@ -169,3 +170,49 @@ def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple
     kind = "r2c" if layer.real else "c2c"
     plan = DistributedFFT(nominal, mesh, spatial, kind=kind, modes=layer.modes_at(nominal), device="meta")
     return layer._weight_placements(plan)
+
+
+@torch.no_grad()
+def clip_grad_norm_(
+    parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a parallelized model, whose gradients mix DTensors (spectral
+    weights, sharded over the spatial mesh dims) and plain tensors replicated on every rank, which torch's
+    refuses. The norm (``norm_type`` 2 or inf) is the global gradient's: each DTensor block counts once,
+    each replicated tensor once. Every rank scales its gradients by ``max_norm / (norm + 1e-6)`` where that
+    is below 1 and returns the norm (float64, on the gradients' device). Without DTensors, torch's."""
+    parameters = list(parameters)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    meshes = {g.device_mesh for g in grads if isinstance(g, DTensor)}
+    if not meshes:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite)
+    if norm_type not in (2, math.inf):
+        raise ValueError(f"clip_grad_norm_ of a parallelized model takes norm_type 2 or inf, got {norm_type!r}")
+    if len(meshes) > 1:
+        raise ValueError("clip_grad_norm_: the gradients' DTensors lie on several meshes")
+    (mesh,) = meshes
+    blocks = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    total = torch.zeros((), dtype=torch.float64, device=blocks[0].device)
+    for g, block in zip(grads, blocks, strict=True):
+        if block.numel() == 0:
+            continue
+        if norm_type == math.inf:
+            total = torch.maximum(total, torch.linalg.vector_norm(block, math.inf).double())
+            continue
+        # The ranks that hold this block: every rank for a plain tensor, the unsharded mesh dims' for a DTensor.
+        holders = mesh.size()
+        if isinstance(g, DTensor):
+            holders = math.prod(mesh.size(a) for a, p in enumerate(g.placements) if not isinstance(p, Shard))
+        total += torch.linalg.vector_norm(block).double().square() / holders
+    for axis in range(mesh.ndim):
+        reduce = comm.all_reduce_max if norm_type == math.inf else comm.all_reduce
+        total = reduce(total, group=mesh.get_group(axis))
+    norm = total if norm_type == math.inf else total.sqrt()
+    if error_if_nonfinite and not bool(torch.isfinite(norm)):
+        raise RuntimeError(
+            f"the total norm of order {norm_type} of the gradients is non-finite, so it cannot be clipped"
+        )
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for block in blocks:
+        block.mul_(scale)
+    return norm
