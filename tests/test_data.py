@@ -124,6 +124,22 @@ def test_every_rank_reads_its_block(ranks, data_file, spec, region, stride):
             assert np.allclose(y, whole_y[(slice(None), slice(None), *slices)], atol=1e-6)
 
 
+def test_big_endian_fields_read_as_native(tmp_path):
+    """Fields stored big-endian (``>f4``) are float32 all the same, read as the native ones."""
+    native, swapped = tmp_path / "native.hdf5", tmp_path / "big.hdf5"
+    write_pdebench3d(native, _fields())
+    write_pdebench3d(swapped, _fields())
+    with h5py.File(swapped, "a") as f:
+        for key in FIELDS:
+            values = f[key][...]
+            del f[key]
+            f.create_dataset(key, data=values.astype(">f4"))
+        assert f["density"].dtype == np.dtype(">f4")
+    want, got = PDEBench3D(native, t_in=2, t_out=4), PDEBench3D(swapped, t_in=2, t_out=4)
+    assert got.stats == want.stats
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1], strict=True))
+
+
 def test_stats_roundtrip(tmp_path, data_file):
     stats = PDEBench3D(data_file, t_in=2, t_out=4).stats
     stats.save(tmp_path / "stats.json")
@@ -158,6 +174,14 @@ def test_bad_files_name_the_file_and_key(tmp_path):
         f.create_dataset("pressure", data=np.zeros((5, 7, 12, 10), dtype=np.float32))
     with pytest.raises(DataError, match=r"wrong.hdf5: dataset 'pressure' has shape \(5, 7, 12, 10\)"):
         PDEBench3D(wrong)
+
+    group = tmp_path / "group.hdf5"
+    write_pdebench3d(group, _fields())
+    with h5py.File(group, "a") as f:
+        del f["Vx"]
+        f.create_group("Vx")
+    with pytest.raises(DataError, match=r"group.hdf5: 'Vx' is an HDF5 group, not a dataset"):
+        PDEBench3D(group)
 
     with pytest.raises(DataError, match=r"good.hdf5: 'density' has 7 frames, fewer than t_in \+ t_out = 21"):
         PDEBench3D(good)

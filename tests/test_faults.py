@@ -101,6 +101,16 @@ def _spoiled(data: str, path: Path, trajectory: int, field: str, frame: int, val
     return str(path)
 
 
+def test_a_run_records_its_data_by_absolute_path(capsys, data, tmp_path, monkeypatch):
+    """``--data`` relative to the working folder: ``drift evaluate`` of the run finds it from elsewhere."""
+    monkeypatch.chdir(Path(data).parent)
+    out = tmp_path / "run"
+    assert main(_run(Path(data).name, out, "--epochs", "1")) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", str(out)]) == 0
+    assert "test relative L2" in capsys.readouterr().out
+
+
 def test_nonfinite_data_is_refused_naming_trajectories_and_fields(capsys, data, tmp_path):
     out = tmp_path / "run"
     assert main(_run(data, out, "--epochs", "1")) == 0

@@ -126,13 +126,18 @@ def test_metrics_equal_pdebench_formulas(ranks, case):
 
 
 def test_bands_follow_the_grid():
-    """Bins stop at min(n) / 2: on 16^3 the high band is empty (None) and the mid band holds bins 4..7."""
+    """Bins stop at min(n // 2): on 16^3 the high band is empty (None) and the mid band holds bins 4..7."""
     shape = (16, 16, 16)
     got = _sharded_metrics(shape, None, False, TRAJECTORIES)
     want = _reference(shape)
     _check(got, want)
     assert got["frmse_high"] is None and got["frmse_mid"] is not None
     assert set(got["per_field"]) == set(FIELDS)
+    # An extent of 1 leaves no bin at all: every band is None, the other metrics as PDEBench's.
+    flat = (1, 8, 6)
+    no_bins = _sharded_metrics(flat, None, False, TRAJECTORIES)
+    _check(no_bins, _reference(flat))
+    assert no_bins["frmse_low"] is no_bins["frmse_mid"] is no_bins["frmse_high"] is None
     density = pdebench_reference(*(t[:, :1].permute(0, 2, 3, 4, 5, 1).numpy() for t in _fields(shape)))
     assert abs(got["per_field"]["density"]["rmse"] - density["rmse"]) <= 1e-12 * density["rmse"]
 

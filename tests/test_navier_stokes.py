@@ -124,4 +124,8 @@ def test_cli_refuses_a_device_it_cannot_run_on(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["generate", "--device", "gpu", "--out", str(out)])
     assert info.value.code == 2 and "argument --device: invalid choice: 'gpu'" in capsys.readouterr().err
+    for option in (["--resolution", "3"], ["--frames", "1"]):  # within argparse's types, not the solver's
+        assert main(["generate", *option, "--out", str(out)]) == 2
+        message = capsys.readouterr().err.strip()
+        assert message == "drift generate: error: need samples >= 1, resolution >= 4, frames >= 2 and t_end > 0"
     assert not out.exists()

@@ -258,6 +258,28 @@ def test_clip_grad_norm_of_a_parallelized_model_is_torch_s_of_one_process(ranks,
             assert rel_err(grads[name], p.grad) <= 1e-12, name
 
 
+def _channel_mlp_on_a_y_split(method):
+    device = device_for(dist.get_rank())
+    mesh, placements = _mesh((1, 2, 1))
+    torch.manual_seed(3)
+    model = FNO(2, 1, 6, (2, 2, 3), 2, method=method, use_channel_mlp=True, dtype=torch.float64, device=device)
+    parallelize(model, mesh, placements)
+    with torch.no_grad():
+        x, _ = _distribute(random_tensor((2, 2, 9, 8, 6), torch.float64, 8), mesh, placements, device)
+        return model(x).full_tensor().cpu()
+
+
+@pytest.mark.parametrize("method", ["dfno", "dfno-pruned"])
+def test_unrecorded_blocks_take_a_strided_spectral_output(ranks, method):
+    """On a y split the dfno methods return strided blocks; a block outside autograd (no resident output
+    buffer with a channel MLP) writes its pointwise part and activation into a contiguous copy of it."""
+    torch.manual_seed(3)
+    single = FNO(2, 1, 6, (2, 2, 3), 2, method=method, use_channel_mlp=True, dtype=torch.float64)
+    want = single(random_tensor((2, 2, 9, 8, 6), torch.float64, 8))  # recorded: no block written in place
+    for y in ranks.run(2, _channel_mlp_on_a_y_split, method):
+        assert rel_err(y, want) <= 1e-12
+
+
 def _train_steps(grid, data, state, steps):
     """``steps`` Adam steps of the parallelized model from ``state``; the final state, whole."""
     device = device_for(dist.get_rank())

@@ -346,8 +346,13 @@ def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_p
     )
     assert first.returncode == 0, first.stderr
     assert "test relative L2" in first.stdout and "outputs in" in first.stdout
-    resume = ["train", "--data", data, "--out", out, "--epochs", "3", "--resume", *TINY]
+    resume = ["train", "--out", out, "--epochs", "3", "--resume", *TINY]  # on the run's own data
     _fails_with_one_line(capsys, [*resume, "--layers", "3"], "--layers")
+    other = tmp_path / "other.hdf5"
+    generate(other, samples=4, resolution=6, frames=7, seed=1, progress=False)
+    _fails_with_one_line(
+        capsys, [*resume, "--data", str(other)], f"(8, 8, 8) grid of {data}; --data {other} has (6, 6, 6)"
+    )
     assert main(resume) == 0  # the 2-rank run goes on on one rank
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[2]["train_loss"] < rows[0]["train_loss"]

@@ -40,18 +40,21 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and torch.cuda.device_count() < 1:
         return _fail("generate", "--device cuda: no CUDA device is available")
-    generate(
-        args.out,
-        samples=args.samples,
-        resolution=args.resolution,
-        frames=args.frames,
-        t_end=args.t_end,
-        mach=args.mach,
-        eta=args.eta,
-        zeta=args.zeta,
-        seed=args.seed,
-        device=args.device,
-    )
+    try:
+        generate(
+            args.out,
+            samples=args.samples,
+            resolution=args.resolution,
+            frames=args.frames,
+            t_end=args.t_end,
+            mach=args.mach,
+            eta=args.eta,
+            zeta=args.zeta,
+            seed=args.seed,
+            device=args.device,
+        )
+    except ValueError as exc:
+        return _fail("generate", str(exc))
     print(f"wrote {args.out}")
     return 0
 
@@ -161,12 +164,16 @@ def _train(args: argparse.Namespace) -> int:
         config_from,
         ensure_default_data,
         restarted,
+        resumed_data,
         train_rank,
     )
 
     config = config_from(vars(args))
+    if config.data is not None:  # the run records it, for drift evaluate from any folder
+        config.data = os.path.abspath(config.data)
     expected = (ConfigError, DataError, CheckpointError, CheckpointWriteError, FolderInUse, NonFiniteError)
     try:
+        config = resumed_data(config)
         if launched():
             world = int(os.environ["WORLD_SIZE"])
             if args.nproc is not None and args.nproc != world:

@@ -12,7 +12,7 @@ channel c and time t on an ``nx x ny x nz`` grid (N points), with ``e = p - u``:
   branch sums the channels together and then fails on its own tensors (``view`` of a permuted
   tensor); this is the per-channel form of its 1D and 2D branches.
 - fRMSE: ``|fftn(e)|^2`` over the frequencies ``0 <= i < nx/2, 0 <= j < ny/2, 0 <= k < nz/2`` summed
-  into radial bins ``floor(sqrt(i^2 + j^2 + k^2))`` below ``min(nx, ny, nz) / 2``; per bin
+  into radial bins ``floor(sqrt(i^2 + j^2 + k^2))`` below ``min(nx // 2, ny // 2, nz // 2)``; per bin
   ``sqrt(mean_b) / N * Lx Ly Lz``; then the mean over the bins ``[0, low)``, ``[low, high)`` and
   ``[high, ...)`` (PDEBench's ``iLow = 4``, ``iHigh = 12``). A band without bins (high on a grid under
   26 points per dim) is None where PDEBench's mean would be NaN.
@@ -147,7 +147,7 @@ class PDEBenchMetrics:
         if not seen.any():
             raise ValueError("no test trajectory was given to update")
         sums = summed[seen, : self._sums[0].numel()].view(-1, _SUMS, c, self.times)
-        spectrum = summed[seen, self._sums[0].numel() :].view(-1, c, self.times, self.bins)
+        spectrum = summed[seen, self._sums[0].numel() :].view(len(sums), c, self.times, self.bins)
         nx, ny, nz = self.layout.global_shape
         points, face_points = nx * ny * nz, 2 * (nx * ny + ny * nz + nz * nx)
         e2, u2, e, faces = sums.unbind(1)

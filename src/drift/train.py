@@ -490,6 +490,25 @@ def _check_options(
             )
 
 
+def resumed_data(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``--resume``'s data: the file the run in ``--out`` trained on where ``--data`` is not
+    given. Another file (the data moved, or were mended) must have the run's grid, ConfigError otherwise;
+    it is read with the run's statistics. CheckpointError as ``resume_point`` when none can be resumed."""
+    if not config.resume:
+        return config
+    _, meta = resume_point(config)
+    trained_on = meta["config"].get("data")
+    if config.data is None:
+        return dataclasses.replace(config, data=trained_on)
+    grid = tuple(read_layout(config.data)[2:])
+    if grid != tuple(meta["global_shape"]):
+        raise ConfigError(
+            f"--resume continues the run trained on the {tuple(meta['global_shape'])} grid of {trained_on}; "
+            f"--data {config.data} has {grid} (train on it into another --out)"
+        )
+    return config
+
+
 def resume_point(config: TrainConfig) -> tuple[Path, dict]:
     """The checkpoint ``--resume`` continues from (unless DCP then fails to load it: see ``load_newest``)
     and its meta: ``latest``'s, or the newest older complete one when that one is damaged. CheckpointError

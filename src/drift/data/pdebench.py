@@ -101,9 +101,11 @@ def read_layout(path: str | Path, fields: Sequence[str] = FIELDS) -> tuple[int, 
         for key in fields:
             if key not in f:
                 raise DataError(f"{path}: missing dataset {key!r} (has {sorted(f.keys())})")
+            if not isinstance(f[key], h5py.Dataset):
+                raise DataError(f"{path}: {key!r} is an HDF5 {type(f[key]).__name__.lower()}, not a dataset")
             if f[key].ndim != 5:
                 raise DataError(f"{path}: dataset {key!r} has shape {f[key].shape}, not [batch, time, x, y, z]")
-            if f[key].dtype not in (np.float32, np.float64):
+            if f[key].dtype.newbyteorder("=") not in (np.float32, np.float64):  # either byte order
                 raise DataError(
                     f"{path}: dataset {key!r} is {f[key].dtype}; drift reads float32 or float64 fields "
                     "(write the file's fields as float32)"

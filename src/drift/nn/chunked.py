@@ -257,6 +257,8 @@ def accumulate_in_place(
     ``non_linearity(y + W x + b)`` for ``x`` ``(b, in, *spatial)``, ``W`` ``(out, in)``, ``b`` ``(out,)`` or
     None, and no activation for None: the gemm a chunk of points at a time, the activation on each chunk
     or, for exact GeLU, in one pass over the whole of ``y`` after them (``_tail_into``)."""
+    if not y.is_contiguous():  # its flat view would be a copy, and the result lost
+        raise ValueError(f"accumulate_in_place needs a contiguous y, got strides {y.stride()}")
     step = _points_per_chunk(y.device, y.shape[0] * (x.shape[1] + y.shape[1]) * y.element_size())
     _tail_into(non_linearity, step, x, y, weight, bias, y)
     return y

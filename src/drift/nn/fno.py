@@ -76,7 +76,8 @@ def fno_block(
         if recorded:
             bias = None if pointwise.bias is None else pointwise.replicated(pointwise.bias)
             return pointwise_activation(pointwise.replicated(pointwise.weight), bias, x_skip, y, act)
-        return accumulate_in_place(pointwise.weight, None if fold else pointwise.bias, x, y, act)
+        # The dfno methods may return a strided block (their transposes' order), which this writes in place.
+        return accumulate_in_place(pointwise.weight, None if fold else pointwise.bias, x, y.contiguous(), act)
 
 
 def _channels(option: str, ratio: float, width: int, allow_zero: bool) -> int:
