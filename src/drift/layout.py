@@ -355,7 +355,8 @@ def dtensor_layout(x: DTensor, d: int, *, batch_axes_ok: bool) -> tuple[Layout, 
     """The ``Layout`` of the last ``d`` dims of the DTensor ``x`` and the mesh dims that shard its dim 0
     (data parallel: allowed only where ``batch_axes_ok``). ValueError naming the dim for placements
     drift cannot use: a sharded leading dim (other than dim 0 where allowed), a Partial placement, a
-    transformed dim over two mesh dims."""
+    transformed dim over two mesh dims; PlanError for a local block that is not the layout's (made by
+    hand with ``DTensor.from_local``, not in ``torch.chunk`` blocks)."""
     lead = x.dim() - d
     if lead < 0:
         raise ValueError(f"a DTensor of shape {tuple(x.shape)} has fewer than the {d} transformed dims")
@@ -373,7 +374,11 @@ def dtensor_layout(x: DTensor, d: int, *, batch_axes_ok: bool) -> tuple[Layout, 
                 f"only its last {d} dims" + ("" if batch_axes_ok else " (no data-parallel dim here)")
             )
         placements.append(Shard(p.dim % x.dim() - lead) if isinstance(p, Shard) else p)
-    return Layout(x.shape[lead:], x.device_mesh, placements), tuple(data_axes)
+    layout = Layout(x.shape[lead:], x.device_mesh, placements)
+    local = x.to_local()
+    if local.shape[lead:] != layout.local_shape:
+        raise PlanError(f"expected a block ending in {layout.local_shape}, got shape {tuple(local.shape)}")
+    return layout, tuple(data_axes)
 
 
 def to_dtensor(local: torch.Tensor, mesh, placements: Sequence, global_shape: Sequence[int]) -> DTensor:

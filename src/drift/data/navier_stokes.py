@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from drift._plan import chunk_bound
 from drift.data.pdebench import write_pdebench3d
 
 GAMMA = 5.0 / 3.0
@@ -197,7 +198,7 @@ def generate(
     g = torch.Generator().manual_seed(seed)
     shape = (samples, frames, resolution, resolution, resolution)
     fields = {name: torch.empty(shape, dtype=torch.float32) for name in ("density", "pressure", "Vx", "Vy", "Vz")}
-    chunk = max(1, CHUNK_CELLS.get(device.type, OTHER_DEVICES_CHUNK_CELLS) // resolution**3)
+    chunk = max(1, chunk_bound(CHUNK_CELLS, OTHER_DEVICES_CHUNK_CELLS, device) // resolution**3)
     with tqdm(total=samples, desc="simulating", unit="sample", disable=not progress) as bar:
         for first in range(0, samples, chunk):
             count = min(chunk, samples - first)

@@ -69,11 +69,16 @@ def _points_per_chunk(device: torch.device, bytes_per_point: int, chunk_bytes: i
     return max(1, chunk_bytes // max(1, bytes_per_point))
 
 
+def _per_thread(device: torch.device) -> bool:
+    """Whether thin gemms go in a piece per thread: on the CPU, but not under ``torch.compile``."""
+    return device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def _parts(device: torch.device) -> int:
     """Pieces a chunk is cut into for one batched gemm, one piece per thread on the CPU: MKL shares a thin
     gemm (an inner or outer dimension of 5-21) poorly between threads, a batch of them well. One under
     ``torch.compile``."""
-    return torch.get_num_threads() if device.type == "cpu" and not torch.compiler.is_compiling() else 1
+    return torch.get_num_threads() if _per_thread(device) else 1
 
 
 def _pieces(points: int, step: int, parts: int) -> Iterator[tuple[int, int, int]]:
@@ -162,7 +167,7 @@ def mlp_unrecorded(
 def _thread_chunk_bytes(device: torch.device) -> int | None:
     """Bytes per chunk of a thin pointwise gemm (the projection's, a lift's): ``PIECE_BYTES`` a thread on
     the CPU; elsewhere (and under ``torch.compile``) None, ``_points_per_chunk``'s default."""
-    return _parts(device) * PIECE_BYTES if device.type == "cpu" and not torch.compiler.is_compiling() else None
+    return _parts(device) * PIECE_BYTES if _per_thread(device) else None
 
 
 def linear_into(
