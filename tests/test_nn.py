@@ -492,8 +492,12 @@ def test_compile_traces_the_model_as_one_graph(case):
         unrecorded = compiled(x)
     reference = reference_fno(model, x) if not options else eager
     assert rel_err(y, reference) <= 1e-12 and rel_err(unrecorded, reference) <= 1e-12
+    scale = max(float(w.norm()) for w in want)
     for (name, _), g, w in zip(model.named_parameters(), got, want, strict=True):
-        assert rel_err(g, w) <= 1e-12, name
+        if w.norm() <= 1e-9 * scale:  # zero but for round-off (a bias right before an instance norm)
+            assert g.norm() <= 1e-9 * scale, name
+        else:
+            assert rel_err(g, w) <= 1e-12, name
 
 
 def _compiled_on_ranks():

@@ -20,13 +20,15 @@ A write that fails on any rank (a full disk, a permission, an I/O error) is agre
 (``CheckpointWriteError``, naming the folder and the errno): the ``.partial`` folder is deleted and
 ``latest`` and the earlier checkpoints are left as they were.
 
-Loading falls back (``load_newest``): a checkpoint whose files are damaged (``meta.json`` that does not
-parse, DCP's ``.metadata`` that does not unpickle, a data file missing or shorter than ``.metadata``
-says), or that DCP fails to load on any rank (the ranks agree), is reported in one line naming the file
-and the ranks move together to the next older complete one; ``latest`` naming no complete checkpoint
-falls back the same way. A fresh run (``mark_fresh``) points ``latest`` at ``none`` until its first
-checkpoint: the older run's checkpoints it will replace are then no longer loaded, not even by a
-restart of the fresh run before that checkpoint.
+Loading runs no code from the folder: DCP's ``.metadata`` is unpickled with an allow-list and the
+state's non-tensor values weights-only (``drift.checkpoint_reader``). Loading falls back
+(``load_newest``): a checkpoint whose files are damaged (``meta.json`` that does not parse, DCP's
+``.metadata`` that does not unpickle or names a global outside the allow-list, a data file missing or
+shorter than ``.metadata`` says), or that DCP fails to load on any rank (the ranks agree), is reported in
+one line naming the file and the ranks move together to the next older complete one; ``latest``
+naming no complete checkpoint falls back the same way. A fresh run (``mark_fresh``) points ``latest``
+at ``none`` until its first checkpoint: the older run's checkpoints it will replace are then no longer
+loaded, not even by a restart of the fresh run before that checkpoint.
 
 Checkpoints live on the default process group (every rank of the job).
 
@@ -54,7 +56,6 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -64,6 +65,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from drift import comm
+from drift.checkpoint_reader import CheckpointReader, RefusedGlobal, WeightsOnlyLoadPlanner
 
 LATEST = "latest"
 FRESH = "none"  # what ``latest`` names while a fresh run has written no checkpoint yet
@@ -274,12 +276,14 @@ def _damage(path: Path, keys: Sequence[str]) -> str | None:
     or shorter than ``.metadata`` says; None when its files look whole."""
     try:
         read_meta(path, keys)
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = CheckpointReader(path).read_metadata()
         ends: dict[str, int] = {}
         for info in metadata.storage_data.values():
             ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
     except CheckpointError as exc:
         return str(exc)
+    except RefusedGlobal as exc:
+        return f"{path / '.metadata'}: not a checkpoint's metadata ({exc})"
     except Exception as exc:
         return f"{path / '.metadata'}: unreadable ({_why(exc)})"
     for name, end in sorted(ends.items()):
@@ -342,7 +346,12 @@ def _none_loads(root: Path, problems: list[str]) -> str:
 
 def _dcp_load(state: dict, path: Path) -> None:
     with _single_process_quiet():
-        dcp.load(state, checkpoint_id=path, no_dist=comm.world_size() == 1)
+        dcp.load(
+            state,
+            storage_reader=CheckpointReader(path),
+            planner=WeightsOnlyLoadPlanner(),
+            no_dist=comm.world_size() == 1,
+        )
 
 
 def _apply(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
