@@ -1,20 +1,22 @@
 """Sharded, crash-safe training checkpoints with ``torch.distributed.checkpoint`` (DCP).
 
-A checkpoint is a folder ``<root>/epoch-NNNN`` holding DCP's files (one per rank, each rank writes
-its own) and ``meta.json``. It holds the model's state dict and the optimizer's (DCP's
-``get_model_state_dict`` / ``get_optimizer_state_dict``: keys are parameter names), each tensor by its
-global shape: a parallelized model's spectral weights and their Adam moments are DTensors, each rank
-writing its shards; replicated tensors (plain parameters, their moments) are written once. DCP
-reshards on load, so a checkpoint loads on any mesh and number of ranks, into any method (drift,
-dfno-pruned and dfno store the same global weight with different placements), and into a model on
-one process with plain tensors, or the other way round.
+A checkpoint is a folder ``<root>/epoch-NNNN`` (the end of epoch NNNN) or ``<root>/epoch-NNNN-step-
+SSSSS`` (epoch NNNN after its step SSSSS: written when a run is stopped by a signal or by time) holding
+DCP's files (one per rank, each rank writes its own) and ``meta.json``. It holds the model's state dict
+and the optimizer's (DCP's ``get_model_state_dict`` / ``get_optimizer_state_dict``: keys are parameter
+names), each tensor by its global shape: a parallelized model's spectral weights and their Adam moments
+are DTensors, each rank writing its shards; replicated tensors (plain parameters, their moments) are
+written once. DCP reshards on load, so a checkpoint loads on any mesh and number of ranks, into any
+method (drift, dfno-pruned and dfno store the same global weight with different placements), and into a
+model on one process with plain tensors, or the other way round.
 
 Writing is crash-safe: DCP writes into ``epoch-NNNN.partial``; only when every rank has finished
 does rank 0 add ``meta.json``, rename the folder and then replace ``<root>/latest`` (a one-line file
 naming the folder) atomically. A crash at any moment leaves ``latest`` naming a complete checkpoint.
-Pruning then never touches that checkpoint: it deletes the checkpoints of higher epochs (an older,
-longer run's: a run writes its epochs in increasing order, so a fresh run clears them at its first
-checkpoint), all but the ``keep - 1`` newest of lower epochs, and leftover ``.partial`` folders.
+Pruning then never touches that checkpoint: it deletes the checkpoints further on (an older, longer
+run's: a run writes its checkpoints in increasing order, so a fresh run clears them at its first
+checkpoint), every earlier mid-epoch checkpoint, all but the ``keep - 1`` newest earlier end-of-epoch
+ones, and leftover ``.partial`` folders: a run falls back to whole epochs.
 
 A write that fails on any rank (a full disk, a permission, an I/O error) is agreed on by every rank
 (``CheckpointWriteError``, naming the folder and the errno): the ``.partial`` folder is deleted and
@@ -45,7 +47,9 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -95,14 +99,22 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
 
 
 def save_checkpoint(
-    root: str | Path, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict, *, keep: int = 2
+    root: str | Path,
+    epoch: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    meta: dict,
+    *,
+    keep: int = 2,
+    step: int | None = None,
 ) -> Path:
-    """Write ``epoch-NNNN`` under ``root`` (call on every rank), point ``root/latest`` at it and delete
-    all but the ``keep`` newest checkpoints. ``meta`` (JSON-serialisable) goes to ``meta.json``.
+    """Write ``epoch-NNNN`` (the end of epoch ``epoch``), or with ``step`` ``epoch-NNNN-step-SSSSS`` (epoch
+    ``epoch`` after that step), under ``root`` (call on every rank), point ``root/latest`` at it and prune
+    (see the module's notes). ``meta`` (JSON-serialisable) goes to ``meta.json``.
     CheckpointWriteError on every rank when a write fails on any rank; ``latest`` and the earlier
     checkpoints are then untouched and the ``.partial`` folder is deleted."""
     root = Path(root)
-    name = f"epoch-{epoch:04d}"
+    name = f"epoch-{epoch:04d}" if step is None else f"epoch-{epoch:04d}-step-{step:05d}"
     partial, final = root / f"{name}.partial", root / name
     failure = _agreed(_attempt(_prepare, partial) if comm.rank() == 0 else None)
     if failure is None:
@@ -118,7 +130,7 @@ def save_checkpoint(
             "unchanged: free space or fix the folder, then resume"
         )
     if comm.rank() == 0:
-        _prune(root, epoch, keep)
+        _prune(root, _position(final), keep)
     comm.barrier()
     return final
 
@@ -190,23 +202,32 @@ def _note(message: str) -> None:
         print(f"drift: {message}", file=sys.stderr, flush=True)
 
 
-def _epoch(path: Path) -> int | None:
-    """The epoch of a checkpoint folder's name ``epoch-NNNN`` (None for another name)."""
-    number = path.name.removeprefix("epoch-")
-    return int(number) if number.isdecimal() else None
+_NAME = re.compile(r"epoch-(\d{4,})(?:-step-(\d{5,}))?")
+
+
+def _position(path: Path) -> tuple[int, float] | None:
+    """Where a checkpoint folder's name puts it in a run: ``(epoch, step)`` for ``epoch-NNNN-step-SSSSS``,
+    ``(epoch, inf)`` for ``epoch-NNNN`` (after every step of it); None for another name."""
+    found = _NAME.fullmatch(path.name)
+    if found is None:
+        return None
+    epoch, step = found.groups()
+    return int(epoch), math.inf if step is None else int(step)
 
 
 def complete_checkpoints(root: str | Path) -> list[Path]:
-    """The complete checkpoint folders under ``root`` (those with ``meta.json``), oldest epoch first."""
-    found = [p for p in Path(root).glob("epoch-*") if _epoch(p) is not None and (p / "meta.json").is_file()]
-    return sorted(found, key=_epoch)
+    """The complete checkpoint folders under ``root`` (those with ``meta.json``), the earliest first."""
+    found = [p for p in Path(root).glob("epoch-*") if _position(p) is not None and (p / "meta.json").is_file()]
+    return sorted(found, key=_position)
 
 
-def _prune(root: Path, epoch: int, keep: int) -> None:
-    """After writing ``epoch`` (which ``latest`` names): delete the checkpoints of higher epochs (an older
-    run's), all but the ``keep - 1`` newest of lower epochs, and leftover ``.partial`` folders."""
-    older = [p for p in complete_checkpoints(root) if _epoch(p) < epoch]
-    stale = [p for p in complete_checkpoints(root) if _epoch(p) > epoch]
+def _prune(root: Path, written: tuple[int, float], keep: int) -> None:
+    """After writing the checkpoint at ``written`` (which ``latest`` names): delete the checkpoints further
+    on (an older run's), the earlier mid-epoch ones, all but the ``keep - 1`` newest earlier end-of-epoch
+    ones, and leftover ``.partial`` folders."""
+    complete = complete_checkpoints(root)
+    older = [p for p in complete if _position(p) < written and _position(p)[1] == math.inf]
+    stale = [p for p in complete if _position(p) > written or (_position(p) < written and p not in older)]
     for old in [*older[: max(0, len(older) - (keep - 1))], *stale, *root.glob("epoch-*.partial")]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -298,8 +319,8 @@ def _damage(path: Path, keys: Sequence[str]) -> str | None:
 
 def _candidates(root: Path) -> tuple[list[Path], list[str]]:
     """The checkpoints to load under ``root``, newest first, and what is wrong with ``latest``: the one
-    ``latest`` names, then the complete ones of lower epochs (higher ones are an older run's); when it
-    names no complete checkpoint or is missing, the complete ones below the epoch it names (all of them
+    ``latest`` names, then the complete ones before it (those further on are an older run's); when it
+    names no complete checkpoint or is missing, the complete ones before the one it names (all of them
     if none). ``root`` may also be a checkpoint folder itself (nothing to fall back to)."""
     if (root / "meta.json").is_file():
         return [root], []
@@ -319,10 +340,10 @@ def _candidates(root: Path) -> tuple[list[Path], list[str]]:
             message += f"; to resume the older run whose checkpoints are here, write {complete[0].name} into {pointer}"
         raise CheckpointError(message)
     named = root / name
-    epoch = _epoch(named) if name and "/" not in name else None
-    if epoch is not None and (named / "meta.json").is_file():
-        return [named, *(p for p in complete if _epoch(p) < epoch)], []
-    older = [p for p in complete if epoch is None or _epoch(p) < epoch]
+    position = _position(named) if name and "/" not in name else None
+    if position is not None and (named / "meta.json").is_file():
+        return [named, *(p for p in complete if _position(p) < position)], []
+    older = [p for p in complete if position is None or _position(p) < position]
     return older, [f"{pointer} names {name!r}, which is not a complete checkpoint"]
 
 

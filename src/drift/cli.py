@@ -22,6 +22,7 @@ from drift.bench.output import positive
 
 if TYPE_CHECKING:
     from drift.launch import RankError
+    from drift.stopping import Stopped
     from drift.train import TrainConfig
 
 
@@ -132,10 +133,12 @@ def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool:
     return fn(arg) if nproc == 1 and not pool else run_ranks(nproc, fn, arg, device=device)[0]
 
 
-def _train_restarting(config: TrainConfig, restarts: int, expected: tuple[type, ...]) -> list[dict]:
+def _train_restarting(config: TrainConfig, restarts: int, expected: tuple[type, ...]) -> list[dict] | Stopped:
     """``train_rank`` on fresh local ranks, started again up to ``restarts`` times after a failure other
-    than one of drift's own ``expected`` errors (which a restart would repeat); a restarted job resumes
-    from the latest complete checkpoint when there is one. Raises the last ``RankError``."""
+    than one of drift's own ``expected`` errors (which a restart would repeat; a peer that stopped
+    answering is worth a restart); a restarted job resumes from the latest complete checkpoint when there
+    is one. Raises the last ``RankError``."""
+    from drift.cluster import PeersLost
     from drift.launch import RankError
     from drift.train import restarted, train_rank
 
@@ -144,7 +147,8 @@ def _train_restarting(config: TrainConfig, restarts: int, expected: tuple[type, 
         try:
             return _on_ranks(config.nproc, train_rank, config, config.device, pool)
         except RankError as exc:
-            if exc.first is None or _raised(exc.reports[exc.first], expected):
+            report = exc.reports.get(exc.first, "")
+            if exc.first is None or (_raised(report, expected) and not _raised(report, (PeersLost,))):
                 raise
             config = restarted(config)
             how = "resuming from the latest checkpoint" if config.resume else "from the start"
@@ -154,8 +158,10 @@ def _train_restarting(config: TrainConfig, restarts: int, expected: tuple[type, 
 
 def _train(args: argparse.Namespace) -> int:
     from drift.checkpoint import CheckpointError, CheckpointWriteError, FolderInUse, check_unlocked
+    from drift.cluster import ClusterError, PeersLost
     from drift.data import DataError
     from drift.launch import RankError, launched, restart_count
+    from drift.stopping import EXIT_STOPPED, Stopped
     from drift.train import (
         ConfigError,
         NonFiniteError,
@@ -165,14 +171,26 @@ def _train(args: argparse.Namespace) -> int:
         ensure_default_data,
         restarted,
         resumed_data,
+        slurm_requeued,
         train_rank,
     )
 
-    config = config_from(vars(args))
+    config = config_from(vars(args), resume=args.resume is True)
     if config.data is not None:  # the run records it, for drift evaluate from any folder
         config.data = os.path.abspath(config.data)
-    expected = (ConfigError, DataError, CheckpointError, CheckpointWriteError, FolderInUse, NonFiniteError)
+    expected = (
+        ConfigError,
+        DataError,
+        CheckpointError,
+        CheckpointWriteError,
+        FolderInUse,
+        NonFiniteError,
+        ClusterError,
+        PeersLost,
+    )
     try:
+        if args.resume == "auto" or (not args.resume and slurm_requeued()):
+            config = restarted(config)  # resumes when --out holds a checkpoint that looks whole
         config = resumed_data(config)
         if launched():
             world = int(os.environ["WORLD_SIZE"])
@@ -187,12 +205,14 @@ def _train(args: argparse.Namespace) -> int:
             check_fresh_run(config)
             try:
                 history = train_rank(config)  # checks the options on every rank, after the data exist
+            except ClusterError as exc:  # every rank knows: one line a host
+                return _fail("train", str(exc)) if os.environ.get("LOCAL_RANK", "0") == "0" else 2
             except expected:
                 raise
             except Exception:
                 return _fail("train", _own_failure(config.out, rank, restart_count()))
             if rank != 0:
-                return 0
+                return EXIT_STOPPED if isinstance(history, Stopped) else 0
         else:
             if config.data is None:
                 check_config(config, config.nproc)  # the options, before minutes of generating on the device
@@ -208,6 +228,9 @@ def _train(args: argparse.Namespace) -> int:
         return _fail("train", _rank_failure(exc, config.out, expected))
     except expected as exc:
         return _fail("train", str(exc))
+    if isinstance(history, Stopped):
+        print(f"drift train: {history}", file=sys.stderr)
+        return EXIT_STOPPED
     last = history[-1] if history else None
     if last is not None:
         print(f"done: {last['epoch']} epochs, test relative L2 {last['test_rel_l2']:.4f}; outputs in {config.out}")
@@ -265,6 +288,13 @@ def _count(text: str) -> int:
     if not text.isdecimal():
         raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 0")
     return int(text)
+
+
+def _auto(text: str) -> str:
+    """argparse type of ``--resume``'s optional value: only ``auto``."""
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"{text!r}: --resume takes no value or auto")
+    return text
 
 
 def _grid(text: str) -> tuple[int, ...]:
@@ -414,7 +444,31 @@ def _add_train(commands) -> None:
     train.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="cpu (Gloo) or cuda (NCCL)")
     train.add_argument("--out", default=d.out, help="run folder: metrics, checkpoints, plots")
     train.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_auto,
+        metavar="auto",
+        help="continue the run in --out from its latest checkpoint; --resume auto: continue when --out holds a "
+        "checkpoint of this run, else start fresh (a requeued SLURM job, SLURM_RESTART_COUNT > 0, does so "
+        "without it)",
+    )
+    train.add_argument(
+        "--checkpoint-every",
+        type=positive(float),
+        metavar="MINUTES",
+        help="also write a checkpoint at the first step boundary after every MINUTES (bounds the work a kill "
+        "without warning loses)",
+    )
+    train.add_argument(
+        "--collective-timeout",
+        type=positive(float),
+        metavar="SECONDS",
+        help="give up on a peer after SECONDS in every phase (default: per phase, from its measured time: "
+        "max(60 s, 20x the slowest step), see docs/CLUSTERS.md)",
+    )
     train.add_argument(
         "--max-restarts",
         type=_count,

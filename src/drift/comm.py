@@ -42,6 +42,20 @@ def rank(group=None) -> int:
     return dist.get_rank(group) if is_initialized() else 0
 
 
+# The groups drift made besides the default one (a mesh's, a reduction's): ``set_timeout`` reaches them all.
+_groups: list = []
+
+
+def set_timeout(seconds: float) -> None:
+    """From now on, a collective on the default group or on any group drift made (``mesh_groups``) fails
+    after ``seconds`` instead of waiting for a peer that does not answer (``ProcessGroup.set_timeout``)."""
+    if not is_initialized():
+        return
+    timeout = datetime.timedelta(seconds=seconds)
+    for group in (dist.group.WORLD, *_groups):
+        group.set_timeout(timeout)
+
+
 def mesh_groups(shape: tuple[int, ...], timeout: datetime.timedelta, ranks: torch.Tensor | None = None) -> list:
     """This rank's process group along each dim of a row-major mesh of ``shape``, each created with
     ``timeout`` (call on every rank of the default group). ``ranks``: the global ranks of one or several
@@ -56,6 +70,7 @@ def mesh_groups(shape: tuple[int, ...], timeout: datetime.timedelta, ranks: torc
             group = dist.new_group(line, timeout=timeout)  # every rank creates every group, in order
             if rank() in line:
                 mine.append(group)
+    _groups.extend(mine)
     return mine
 
 
@@ -63,6 +78,7 @@ def destroy_process_group() -> None:
     """Leave the default process group and every group made from it (a DeviceMesh's included)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    _groups.clear()
 
 
 @dataclass(frozen=True)

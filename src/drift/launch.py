@@ -18,7 +18,9 @@ import math
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -35,6 +37,7 @@ from drift.errors import PlanError
 GROUP_TIMEOUT_S = 1800.0  # generous: rank 0 may write the default data set first
 GRACE_S = 2.0  # after a rank fails, the others may answer this long (they may be stuck in a collective)
 POLL_S = 0.05  # how often the memory cap is checked
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1)  # what a pool passes on to its ranks while they run a task
 
 _device = torch.device("cpu")
 
@@ -295,7 +298,30 @@ class RankPool:
             with contextlib.suppress(OSError):  # a dead rank: the collection reports it
                 conn.send_bytes(task)
         name = getattr(fn, "__name__", repr(fn))
-        return self._collect(name, timeout_s or self.timeout_s, self.memory_cap_gb)
+        with self._forwarding(FORWARDED):
+            return self._collect(name, timeout_s or self.timeout_s, self.memory_cap_gb)
+
+    @contextlib.contextmanager
+    def _forwarding(self, signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+        """Inside the block ``signals`` sent to this process go to every live rank instead (a scheduler's
+        SIGTERM reaches the ranks, which stop at a step with a checkpoint: ``drift.stopping``). Only from
+        the main thread, where Python runs signal handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def forward(number: int, _) -> None:
+            for proc in self._procs:
+                if proc.is_alive():
+                    with contextlib.suppress(OSError):
+                        os.kill(proc.pid, number)
+
+        before = {number: signal.signal(number, forward) for number in signals}
+        try:
+            yield
+        finally:
+            for number, handler in before.items():
+                signal.signal(number, handler)
 
     def _collect(self, what: str, timeout_s: float | None, memory_cap_gb: float | None) -> list[Any]:
         """Every rank's reply to the last task, or ``RankError`` (the pool torn down)."""

@@ -58,12 +58,14 @@ from drift.checkpoint import (
     FolderInUse,
     complete_checkpoints,
     folder_lock,
+    latest_checkpoint,
     load_newest,
     mark_fresh,
     read_meta,
     save_checkpoint,
     usable_checkpoint,
 )
+from drift.cluster import Cluster, PeersLost, describe
 from drift.data import FIELDS, SPLITS, PDEBench3D, Stats, generate, held_out_trajectories, read_layout
 from drift.launch import GROUP_TIMEOUT_S, launched, process_group, rank_device
 from drift.layout import chunk_sizes, chunk_slice, device_mesh, reduction_mesh, split_reduction, to_dtensor
@@ -72,6 +74,8 @@ from drift.nn import FACTORIZATIONS, FNO, METHODS, parallelize
 from drift.nn.auto import Machine
 from drift.nn.factorized import cp_rank, tucker_rank
 from drift.nn.spectral import AUTO, mode_counts
+from drift.stopping import STOPPED, Stopped, StopSignals
+from drift.timeouts import PhaseTimeouts
 from drift.truncated import mode_lists
 
 if TYPE_CHECKING:
@@ -140,6 +144,8 @@ class TrainConfig:
     plots: bool = True
     on_nan: str = "stop"
     split: str = "last"
+    checkpoint_every: float | None = None
+    collective_timeout: float | None = None
 
 
 def config_from(options: dict, **changes) -> TrainConfig:
@@ -176,6 +182,10 @@ def check_config(config: TrainConfig, world_size: int) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
     if not config.lr > 0:
         raise ConfigError(f"--lr must be positive, got {config.lr}")
+    for name in ("checkpoint_every", "collective_timeout"):
+        value = getattr(config, name)
+        if value is not None and not 0 < value < math.inf:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if not config.weight_decay >= 0:
         raise ConfigError(f"--weight-decay must be non-negative, got {config.weight_decay}")
     if config.model not in MODELS:
@@ -535,6 +545,11 @@ def check_fresh_run(config: TrainConfig) -> None:
         _check_options(config, path, meta, advice)
 
 
+def slurm_requeued() -> bool:
+    """Whether this is a SLURM job that was requeued (``SLURM_RESTART_COUNT`` > 0)."""
+    return os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
+
+
 def restarted(config: TrainConfig) -> TrainConfig:
     """The config of a restarted job (``drift train --max-restarts``, torchrun's ``--max-restarts``): it
     resumes from the latest checkpoint that looks whole when ``--out`` holds one of this run, else starts
@@ -605,12 +620,47 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, config: TrainConfig, ste
         group["lr"] = learning_rate(config, step, total)
 
 
-def _nonfinite(loss: torch.Tensor, model: FNO) -> list[str]:
-    """What is non-finite on any rank ("loss", "gradient norm"): one all-reduce of this rank's flags
-    (its share of the loss, the norm of its blocks of the gradients)."""
+# The flags the ranks agree on after each step's backward, in one all-reduce.
+_FLAGS = ("loss", "gradient norm", "stop", "checkpoint")
+
+
+def _step_flags(loss: torch.Tensor, model: FNO, stop: bool, checkpoint: bool) -> dict[str, bool]:
+    """What holds on any rank after a step's backward: a non-finite loss or gradient norm (of its share of
+    the loss, the norm of its blocks of the gradients), a stop requested (a signal) or a checkpoint due;
+    one all-reduce."""
     norms = [torch.linalg.vector_norm(_local(p.grad)).double() for p in model.parameters() if p.grad is not None]
-    flags = torch.stack([~torch.isfinite(loss.detach()), ~torch.isfinite(torch.stack(norms).sum())]).double()
-    return [what for what, flag in zip(("loss", "gradient norm"), _global_sum(flags).tolist(), strict=True) if flag]
+    local = [~torch.isfinite(loss.detach()), ~torch.isfinite(torch.stack(norms).sum())]
+    flags = torch.stack([*local, *(torch.tensor(f, device=loss.device) for f in (stop, checkpoint))]).double()
+    return {name: bool(flag) for name, flag in zip(_FLAGS, _global_sum(flags).tolist(), strict=True)}
+
+
+@dataclass
+class _Epoch:
+    """An epoch's running sums on this rank: its share of the loss summed over the trained trajectories,
+    and the batches trained and skipped; ``step`` is the last step done."""
+
+    total: float = 0.0
+    trained: int = 0
+    skipped: int = 0
+    step: int = 0
+
+    def saved(self) -> dict:
+        """What a mid-epoch checkpoint records of it: every rank's loss sum (all-gathered), the counts."""
+        totals = comm.all_gather_object(self.total)
+        return dict(totals=totals, trained=self.trained, skipped=self.skipped, step=self.step)
+
+    @classmethod
+    def resumed(cls, saved: dict | None) -> _Epoch:
+        """The sums of a mid-epoch checkpoint's ``saved()``: each rank's own at the same rank count (the
+        same sums in the same order as the uninterrupted run), else their sum on rank 0."""
+        if saved is None:
+            return cls()
+        totals = saved["totals"]
+        if len(totals) == comm.world_size():
+            total = totals[comm.rank()]
+        else:
+            total = math.fsum(totals) if comm.rank() == 0 else 0.0
+        return cls(total, saved["trained"], saved["skipped"], saved["step"])
 
 
 def train(config: TrainConfig) -> list[dict]:
@@ -620,12 +670,45 @@ def train(config: TrainConfig) -> list[dict]:
     ``loss.png``, ``slice.png`` and ``test_metrics.json`` (the final model's relative L2 and PDEBench
     metrics, after a run that reached its last epoch). A non-finite loss or gradient norm raises
     NonFiniteError before the optimizer step, or with ``on_nan="skip-batch"`` skips the batch
-    (``skipped_batches`` per epoch)."""
-    with _one_writer(Path(config.out)):
-        return _train(config)
+    (``skipped_batches`` per epoch).
+
+    Across hosts: ClusterError when the hosts run other drift or torch versions or do not share
+    ``config.out``; each phase's collectives time out after a bound that fits it (``PhaseTimeouts``), and
+    a peer that stops answering ends every rank with ``PeersLost`` naming its node and address. SIGTERM or
+    SIGUSR1 (``drift.stopping``) stops every rank at the next step boundary with a mid-epoch checkpoint:
+    ``Stopped``."""
+    cluster = Cluster.join() if comm.world_size() > 1 else None
+    timeouts = PhaseTimeouts(config.collective_timeout)
+    try:
+        if cluster is not None:
+            cluster.check_shared(config.out)
+        with StopSignals() as stop, _one_writer(Path(config.out)):
+            return _train(config, stop, timeouts)
+    except RuntimeError as exc:
+        # A collective that failed (Gloo raises a plain RuntimeError): which peers stopped answering?
+        if cluster is None or not (type(exc) is RuntimeError or isinstance(exc, torch.distributed.DistError)):
+            raise
+        silent = cluster.silent()
+        if not silent:
+            raise
+        raise PeersLost(
+            f"{describe(silent)} stopped answering during {timeouts.doing()}; the newest checkpoint: "
+            f"{_newest(Path(config.out))}"
+        ) from exc
+    finally:
+        if cluster is not None:
+            cluster.close()
 
 
-def _train(config: TrainConfig) -> list[dict]:
+def _newest(out: Path) -> str:
+    """The checkpoint ``latest`` names under ``out``, or ``none``."""
+    try:
+        return str(latest_checkpoint(out / "checkpoints"))
+    except CheckpointError:
+        return "none"
+
+
+def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> list[dict]:
     device = resolve_device(config.device)
     rank, out = comm.rank(), Path(config.out)
     data = Path(config.data) if config.data is not None else default_data_path()
@@ -647,6 +730,7 @@ def _train(config: TrainConfig) -> list[dict]:
         mark_fresh(out / "checkpoints")
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
+        (out / STOPPED).unlink(missing_ok=True)
         train_set.stats.save(out / "stats.json")
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     count = math.prod(train_set.global_shape) * len(FIELDS) * config.t_out  # elements per trajectory
@@ -659,52 +743,81 @@ def _train(config: TrainConfig) -> list[dict]:
         initial=start,
         total=config.epochs,
     )
+    # A checkpoint every --checkpoint-every minutes (rank 0's clock decides; the ranks agree at a step).
+    every_s = math.inf if config.checkpoint_every is None else 60 * config.checkpoint_every
+    last_checkpoint = time.monotonic()
+
+    def meta(epoch: int, sums: _Epoch | None = None) -> dict:
+        """A checkpoint's meta: after ``epoch`` whole epochs (and, with ``sums``, steps of the next)."""
+        record = dict(
+            epoch=epoch,
+            world_size=comm.world_size(),
+            config=dataclasses.asdict(config) | dict(data=str(data)),
+            stats=dataclasses.asdict(train_set.stats),
+            global_shape=list(train_set.global_shape),
+            history=history,
+        )
+        return record if sums is None else record | dict(partial=sums.saved())
+
     for epoch in bar:
         began = time.perf_counter()
         # The same permutation on every rank: each reads its block of its share of the same batches.
         order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
-        total = torch.zeros((), dtype=torch.float64, device=device)
-        trained, skipped = 0, 0
+        sums = _Epoch.resumed(saved.get("partial") if saved and epoch == start else None)
         clock = PhaseClock(device)
         steps = -(-len(order) // config.batch_size)
         for step, first in enumerate(range(0, len(order), config.batch_size), 1):
+            if step <= sums.step:  # done before the mid-epoch checkpoint this run resumed from
+                continue
             indices = order[first : first + config.batch_size].tolist()
             set_learning_rate(optimizer, config, epoch * steps + step - 1, config.epochs * steps)
-            with clock("data"):
-                x, y = _batch(train_set, indices, sharding, device)
-            with clock("forward"):
-                # This rank's share of the global batch's loss: the ranks' losses sum to it.
-                pred = _local(model(x))
-                error = (
-                    F.mse_loss(pred, y, reduction="sum") if weights is None else ((pred - y).square() * weights).sum()
-                )
-                loss = error / (count * len(indices))
-            with clock("backward"):
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                bad = _nonfinite(loss, model)
-            if bad:
-                trajectories = [train_set.trajectories[i] for i in indices]
-                where = f"epoch {epoch + 1}, step {step}, training trajectories {trajectories}"
-                if config.on_nan == "stop":
-                    last = f"epoch-{epoch:04d}" if epoch else "none"
-                    raise NonFiniteError(
-                        f"non-finite {' and '.join(bad)} at {where}; stopped before the optimizer step (last "
-                        f"checkpoint: {last}); --on-nan skip-batch skips such batches"
+            with timeouts("step", f"epoch {epoch + 1}, step {step}"):
+                with clock("data"):
+                    x, y = _batch(train_set, indices, sharding, device)
+                with clock("forward"):
+                    # This rank's share of the global batch's loss: the ranks' losses sum to it.
+                    pred = _local(model(x))
+                    error = (
+                        F.mse_loss(pred, y, reduction="sum")
+                        if weights is None
+                        else ((pred - y).square() * weights).sum()
                     )
-                optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                continue
-            with clock("optimizer"):
-                optimizer.step()
-            trained += len(indices)
-            total += loss.detach() * len(indices)
-        if not trained:
+                    loss = error / (count * len(indices))
+                with clock("backward"):
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    due = rank == 0 and time.monotonic() - last_checkpoint >= every_s
+                    flags = _step_flags(loss, model, stop.received is not None, due)
+                bad = [what for what in ("loss", "gradient norm") if flags[what]]
+                if bad:
+                    trajectories = [train_set.trajectories[i] for i in indices]
+                    where = f"epoch {epoch + 1}, step {step}, training trajectories {trajectories}"
+                    if config.on_nan == "stop":
+                        raise NonFiniteError(
+                            f"non-finite {' and '.join(bad)} at {where}; stopped before the optimizer step "
+                            f"(last checkpoint: {_newest(out)}); --on-nan skip-batch skips such batches"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    sums.skipped += 1
+                else:
+                    with clock("optimizer"):
+                        optimizer.step()
+                    sums.trained += len(indices)
+                    sums.total += float(loss.detach()) * len(indices)
+            sums.step = step
+            if flags["stop"] or flags["checkpoint"]:
+                with timeouts("checkpoint", f"epoch {epoch + 1}, step {step}"):
+                    record = meta(epoch, sums)
+                    path = save_checkpoint(out / "checkpoints", epoch + 1, model, optimizer, record, step=step)
+                last_checkpoint = time.monotonic()
+                if flags["stop"]:
+                    raise _stopped(out, stop.received, path, epoch, step)
+        if not sums.trained:
             raise NonFiniteError(f"epoch {epoch + 1}: every batch had a non-finite loss or gradient norm")
-        train_loss = float(_global_sum(total)) / trained
+        train_loss = float(_global_sum(torch.tensor(sums.total, dtype=torch.float64, device=device))) / sums.trained
         # The last epoch's test pass also gives PDEBench's metrics of the final model.
         final = pdebench_metrics(test_set, device) if epoch == config.epochs - 1 else None
-        with clock("test"):
+        with clock("test"), timeouts("test", f"epoch {epoch + 1}, the test pass"):
             test_l2 = relative_l2(model, test_set, sharding, config.batch_size, device, final)
         seconds = time.perf_counter() - began
         row = dict(
@@ -713,18 +826,12 @@ def _train(config: TrainConfig) -> list[dict]:
             test_rel_l2=test_l2,
             seconds=seconds,
             phase_seconds=clock.seconds,
-            skipped_batches=skipped,
+            skipped_batches=sums.skipped,
         )
         history.append(row)
-        meta = dict(
-            epoch=epoch + 1,
-            world_size=comm.world_size(),
-            config=dataclasses.asdict(config) | dict(data=str(data)),
-            stats=dataclasses.asdict(train_set.stats),
-            global_shape=list(train_set.global_shape),
-            history=history,
-        )
-        save_checkpoint(out / "checkpoints", epoch + 1, model, optimizer, meta)
+        with timeouts("checkpoint", f"epoch {epoch + 1}, its checkpoint"):
+            path = save_checkpoint(out / "checkpoints", epoch + 1, model, optimizer, meta(epoch + 1))
+        last_checkpoint = time.monotonic()
         if rank == 0:
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -734,12 +841,27 @@ def _train(config: TrainConfig) -> list[dict]:
                     f"epoch {epoch + 1:3d}/{config.epochs}  loss {train_loss:.5f}  "
                     f"test rel L2 {test_l2:.4f}  {seconds:5.1f} s"
                 )
+        # A signal during the test pass or the write: stop now, on this epoch's checkpoint.
+        if epoch + 1 < config.epochs and _global_sum(torch.tensor(float(stop.received is not None), device=device)):
+            raise _stopped(out, stop.received, path, epoch + 1, None)
     bar.close()
     if final is not None:
         _write_test_metrics(out, config.split, history[-1]["epoch"], test_l2, final.compute(), config.progress)
     if history and config.plots:
         _plots(out, history, model, test_set, sharding, device, config.method)
     return history
+
+
+def _stopped(out: Path, received: str | None, path: Path, epoch: int, step: int | None) -> Stopped:
+    """The ``Stopped`` of a run stopped at ``epoch`` (whole epochs done) and ``step`` of the next, with
+    its checkpoint at ``path`` (call on every rank); rank 0 writes ``<out>/stopped.json``. ``received``
+    is this rank's signal (None where only a peer received one)."""
+    where = f"after epoch {epoch}" if step is None else f"at epoch {epoch + 1}, step {step}"
+    signal = next(name for name in comm.all_gather_object(received) if name is not None)
+    if comm.rank() == 0:
+        record = dict(signal=signal, checkpoint=str(path), epoch=epoch, step=step)
+        (out / STOPPED).write_text(json.dumps(record) + "\n")
+    return Stopped(f"stopped by {signal} {where}: checkpoint {path}; continue with --resume")
 
 
 TEST_METRICS = "test_metrics.json"
@@ -768,9 +890,10 @@ def format_pdebench(metrics: dict) -> str:
     )
 
 
-def train_rank(config: TrainConfig) -> list[dict]:
+def train_rank(config: TrainConfig) -> list[dict] | Stopped:
     """One rank of ``drift train`` (an entry point for ``drift.launch.run_ranks`` or torchrun): join the
-    process group, make sure the data exist (rank 0 generates the default set), check, train."""
+    process group, make sure the data exist (rank 0 generates the default set), check, train. Returns
+    the history, or the ``Stopped`` a signal ended the run with."""
     with process_group(config.device):
         if config.data is None:
             if comm.rank() == 0:
@@ -778,7 +901,10 @@ def train_rank(config: TrainConfig) -> list[dict]:
             comm.barrier()
             config = dataclasses.replace(config, data=str(default_data_path()))
         check_config(config, comm.world_size())
-        return train(config)
+        try:
+            return train(config)
+        except Stopped as stopped:
+            return stopped
 
 
 def _checkpoint_root(where: str | Path) -> Path:
