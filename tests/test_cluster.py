@@ -204,3 +204,31 @@ def test_hosts_with_other_versions_are_refused(capfd, monkeypatch, data, tmp_pat
     err = capfd.readouterr().err
     assert "the hosts run different versions: drift 0.0.0+other, torch" in err and "(127.0.0.1: rank 1)" in err, err
     assert not (out / "checkpoints").exists()
+
+
+def test_sigusr1_to_torchrun_reaches_its_ranks(data, whole, tmp_path):
+    """``sbatch --signal=USR1@N``'s signal to the torchrun agent: with ``--signals-to-handle`` it passes it to
+    the ranks, which stop with a checkpoint and ``stopped.json``; ``--resume`` ends as the uninterrupted run."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    torchrun += ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "-m", "drift"]
+    agent = subprocess.Popen(
+        [*torchrun, *_run(data, out, "--epochs", "3")],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "checkpoints" / "epoch-0001").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    agent.send_signal(signal.SIGUSR1)
+    _, err = agent.communicate(timeout=120)
+    stopped = json.loads((out / STOPPED).read_text())
+    assert stopped["signal"] == "SIGUSR1" and Path(stopped["checkpoint"]).is_dir(), err
+    assert "drift train: stopped by SIGUSR1" in err, err
+    resumed = [*torchrun, *_run(data, out, "--epochs", "3", "--resume")]
+    done = subprocess.run(resumed, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert _rows(out) == whole

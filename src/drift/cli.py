@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -125,6 +126,28 @@ def _own_failure(out: str, rank: int, attempt: int) -> str:
     return f"{line} (every failed rank's report: {os.path.join(out, FAILURE_LOG)})"
 
 
+def _stranded() -> bool:
+    """Whether this torchrun rank's host has lost the job's store while torchrun has restarts left: its
+    agent would try to rejoin and wait for the store without end (in a ``recv`` that no signal ends)."""
+    from drift.cluster import store_answers
+
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    return restarts > int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and not store_answers()
+
+
+def _stop_agent(grace_s: float = 5.0) -> None:
+    """End this rank's torchrun agent: SIGTERM, then SIGKILL after ``grace_s`` if it is still there (its main
+    thread may be blocked where Python cannot run a handler)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the agent passes its SIGTERM on to us
+    agent = os.getppid()
+    os.kill(agent, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while os.getppid() == agent and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if os.getppid() == agent:
+        os.kill(agent, signal.SIGKILL)
+
+
 def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool: bool = False) -> Any:
     """Rank 0's ``fn(arg)``: called here for one rank (unless ``pool``), else on ``nproc`` fresh local
     ranks on ``device``."""
@@ -206,7 +229,15 @@ def _train(args: argparse.Namespace) -> int:
             try:
                 history = train_rank(config)  # checks the options on every rank, after the data exist
             except ClusterError as exc:  # every rank knows: one line a host
-                return _fail("train", str(exc)) if os.environ.get("LOCAL_RANK", "0") == "0" else 2
+                if os.environ.get("LOCAL_RANK", "0") != "0":
+                    return 2
+                leave = isinstance(exc, PeersLost) and _stranded()
+                if not leave:
+                    return _fail("train", str(exc))
+                store = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+                _fail("train", f"{exc}; the job's store at {store} is out of reach too: this host leaves the job")
+                _stop_agent()
+                return 2
             except expected:
                 raise
             except Exception:

@@ -84,6 +84,16 @@ def describe(peers: list[Peer]) -> str:
     return "; ".join(parts)
 
 
+def store_answers(timeout_s: float = PROBE_S) -> bool:
+    """Whether the job's store (``MASTER_ADDR:MASTER_PORT``) accepts a connection within ``timeout_s``."""
+    try:
+        address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        with socket.create_connection(address, timeout=timeout_s):
+            return True
+    except (KeyError, ValueError, OSError):
+        return False
+
+
 class _Listener:
     """A daemon thread answering each connection with one byte, for as long as this process runs."""
 

@@ -4,8 +4,8 @@ torch's process groups wait 30 minutes for a peer by default: a host cut off by 
 would hold every other host that long, silent. ``PhaseTimeouts`` gives each phase of a training run its
 own bound and sets it on every group drift uses (``drift.comm.set_timeout``) as the phase begins:
 
-- ``"step"`` (forward, backward, optimizer), ``"test"`` (a test batch) and ``"checkpoint"`` (a write):
-  ``max(floor, FACTOR x the slowest one so far)`` on this rank, with ``FIRST_S`` until one has been
+- ``"step"`` (forward, backward, optimizer), ``"test"`` (the test pass) and ``"checkpoint"`` (a write):
+  ``max(FLOOR_S, FACTOR x the slowest one so far)`` on this rank, with ``FIRST_S`` until one has been
   timed (the first step builds the plans; the first write creates the files);
 - a fixed ``override_s`` for every phase instead (``drift train --collective-timeout SECONDS``).
 
@@ -23,7 +23,7 @@ from drift import comm
 
 FACTOR = 20.0  # a phase may take this many times its slowest so far before a peer is given up on
 FIRST_S = 600.0  # a phase's bound until it has been timed once
-FLOOR_S = {"step": 60.0, "test": 60.0, "checkpoint": 120.0}
+FLOOR_S = 60.0  # the least a phase waits for a peer
 
 
 _NAMES = {"step": "a training step", "test": "the test pass", "checkpoint": "a checkpoint write"}
@@ -46,7 +46,7 @@ class PhaseTimeouts:
             return self.override_s
         if phase not in self.slowest:
             return FIRST_S
-        return max(FLOOR_S[phase], FACTOR * self.slowest[phase])
+        return max(FLOOR_S, FACTOR * self.slowest[phase])
 
     @contextlib.contextmanager
     def __call__(self, phase: str, where: str = "") -> Iterator[None]:

@@ -1,0 +1,213 @@
+"""drift train across hosts (issue 30): one torchrun agent per "host" (a network namespace, ``hosts.py``).
+Static and c10d rendezvous train as one host with as many ranks, a data mesh dim spans hosts, a
+checkpoint of 2 hosts x 2 ranks resumes on 1 rank and on 3; a partition ends a fixed-size job on every
+host within the phase's bound + 30 s with one line naming the other side, while an elastic job goes on
+at the store's side; a lost host's job goes on at the survivors' rank count; a run folder that is not
+shared is refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hosts import Hosts, require_hosts
+from test_faults import _checkpoints, _rows, _run
+from test_train import tiny_data
+
+from drift.checkpoint import usable_checkpoint
+from drift.cli import main
+from drift.timeouts import FLOOR_S
+from drift.train import META_KEYS
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread a rank everywhere: runs compare bit for bit
+PORT = 29400 + os.getpid() % 500
+AGENT_S = 300  # a generous bound on one agent's run: a hang fails the test
+
+
+@pytest.fixture(autouse=True)
+def _hosts_available():
+    require_hosts()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return tiny_data(tmp_path_factory.mktemp("hosts") / "cfd.hdf5")
+
+
+def _reference(out: Path, data: str, *args: str) -> list[dict]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        assert main(_run(data, out, *args)) == 0
+    return _rows(out)
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory, data):
+    """``drift train --nproc 4`` on one host, 3 epochs: the rows every 4-rank layout must give."""
+    return _reference(tmp_path_factory.mktemp("four") / "run", data, "--epochs", "3", "--nproc", "4")
+
+
+def _torchrun(hosts: Hosts, i: int, nnodes: str, rendezvous: str, train: list[str], *extra: str) -> list[str]:
+    """Host i's torchrun command: ``static`` (``--master-addr`` host 0) or ``c10d`` rendezvous (on host 0,
+    which hosts the store: ``is_host=1`` there, ``--local-addr`` on each) of 2 ranks a host."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "2", *extra]
+    if rendezvous == "static":
+        cmd += ["--node-rank", str(i), "--master-addr", hosts.address(0), "--master-port", str(PORT)]
+    else:
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.address(0)}:{PORT}", "--rdzv-id", "drift"]
+        cmd += ["--local-addr", hosts.address(i), *(["--rdzv-conf", "is_host=1"] if i == 0 else [])]
+    return [*cmd, "-m", "drift", *train]
+
+
+def _start(hosts: Hosts, commands: list[list[str]]) -> list[subprocess.Popen]:
+    return [
+        hosts.popen(i, cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i, cmd in enumerate(commands)
+    ]
+
+
+def _finish(agents: list[subprocess.Popen], timeout_s: float = AGENT_S) -> list[tuple[int, str]]:
+    """Each agent's exit code and standard error."""
+    return [(agent.wait(timeout=timeout_s), agent.communicate()[1]) for agent in agents]
+
+
+def _on_two_hosts(data: str, out: Path, rendezvous: str, *args: str) -> None:
+    with Hosts(2) as hosts:
+        train = _run(data, out, *args)
+        results = _finish(_start(hosts, [_torchrun(hosts, i, "2", rendezvous, train) for i in range(2)]))
+    for code, err in results:
+        assert code == 0, err
+
+
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_two_hosts_train_as_one_host_with_as_many_ranks(data, four, tmp_path, rendezvous):
+    out = tmp_path / "run"
+    _on_two_hosts(data, out, rendezvous, "--epochs", "3")
+    assert _rows(out) == four
+
+
+def test_a_data_mesh_dim_spans_the_hosts(data, tmp_path):
+    out = tmp_path / "run"
+    _on_two_hosts(data, out, "static", "--epochs", "2", "--data-parallel", "2")
+    assert _rows(out) == _reference(tmp_path / "one", data, "--epochs", "2", "--nproc", "4", "--data-parallel", "2")
+
+
+def test_a_checkpoint_of_two_hosts_resumes_on_one_rank_and_on_three(data, four, tmp_path):
+    two = tmp_path / "two"
+    _on_two_hosts(data, two, "static", "--epochs", "2")
+    assert _rows(two) == four[:2]
+    for nproc in ("1", "3"):
+        out = tmp_path / f"on-{nproc}"
+        shutil.copytree(two, out)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("OMP_NUM_THREADS", "1")
+            assert main(_run(data, out, "--epochs", "3", "--nproc", nproc, "--resume")) == 0
+        rows = _rows(out)
+        assert rows[:2] == four[:2]
+        for key in ("train_loss", "test_rel_l2"):  # another rank count: float32 round-off of the reductions
+            assert abs(rows[2][key] - four[2][key]) <= 1e-5 * abs(four[2][key]), (key, rows[2], four[2])
+
+
+def _wait_for(path: Path, agents: list[subprocess.Popen], timeout_s: float = AGENT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline and all(a.poll() is None for a in agents), f"no {path}"
+        time.sleep(0.05)
+
+
+def _lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("drift train: error:")]
+
+
+def test_a_partition_ends_a_fixed_size_job_on_every_host(data, tmp_path):
+    out = tmp_path / "run"
+    with Hosts(2) as hosts:
+        train = _run(data, out, "--epochs", "100")
+        agents = _start(hosts, [_torchrun(hosts, i, "2", "static", train) for i in range(2)])
+        _wait_for(out / "checkpoints" / "epoch-0002", agents)  # every phase timed: bounds of FLOOR_S
+        hosts.cut(1)
+        cut = time.monotonic()
+        ended = []
+        for agent in agents:
+            agent.wait(timeout=AGENT_S)
+            ended.append(time.monotonic() - cut)
+        (code0, err0), (code1, err1) = _finish(agents)
+    assert max(ended) <= FLOOR_S + 30, ended
+    assert code0 != 0 and code1 != 0
+    for err, other in (
+        (err0, f"node 1 ({hosts.address(1)}: ranks 2, 3)"),
+        (err1, f"node 0 ({hosts.address(0)}: ranks 0, 1)"),
+    ):
+        lines = _lines(err)
+        assert len(lines) == 1 and f"{other} stopped answering during " in lines[0], err
+        assert f"collective timeout {FLOOR_S:g} s); the newest checkpoint: {out / 'checkpoints'}" in lines[0]
+    # The newest complete checkpoint loads: the job can be resumed.
+    assert usable_checkpoint(out / "checkpoints", META_KEYS) == Path(lines[0].rsplit(": ", 1)[1])
+
+
+def test_an_elastic_job_goes_on_at_the_stores_side_of_a_partition(data, tmp_path):
+    out = tmp_path / "run"
+    reference = _reference(tmp_path / "whole", data, "--epochs", "8", "--nproc", "4")
+    with Hosts(2) as hosts:
+        train = _run(data, out, "--epochs", "8")
+        elastic = ("--max-restarts", "1")
+        agents = _start(hosts, [_torchrun(hosts, i, "1:2", "c10d", train, *elastic) for i in range(2)])
+        _wait_for(out / "checkpoints" / "epoch-0002", agents)
+        hosts.cut(1)
+        cut = time.monotonic()
+        agents[1].wait(timeout=AGENT_S)
+        stranded_s = time.monotonic() - cut
+        (code0, err0), (code1, err1) = _finish(agents)
+    assert code0 == 0, err0
+    assert stranded_s <= FLOOR_S + 30, stranded_s
+    lines = _lines(err1)
+    assert len(lines) == 1 and f"node 0 ({hosts.address(0)}: ranks 0, 1) stopped answering" in lines[0], err1
+    assert "is out of reach too: this host leaves the job" in lines[0]
+    # The store's side resumed at its own 2 ranks from the newest checkpoint and finished.
+    rows = _rows(out)
+    assert [r["epoch"] for r in rows] == list(range(1, 9))
+    for got, want in zip(rows, reference, strict=True):
+        for key in ("train_loss", "test_rel_l2"):
+            assert abs(got[key] - want[key]) <= 1e-5 * abs(want[key]), (key, got, want)
+
+
+def test_a_lost_host_leaves_an_elastic_job_to_the_survivors(data, tmp_path):
+    out = tmp_path / "run"
+    reference = _reference(tmp_path / "whole", data, "--epochs", "6", "--nproc", "4")
+    with Hosts(2) as hosts:
+        train = _run(data, out, "--epochs", "6")
+        agents = _start(hosts, [_torchrun(hosts, i, "1:2", "c10d", train, "--max-restarts", "1") for i in range(2)])
+        _wait_for(out / "checkpoints" / "epoch-0002", agents)
+        for pid in subprocess.run(
+            ["ip", "netns", "pids", hosts.namespace(1)], capture_output=True, text=True
+        ).stdout.split():
+            subprocess.run(["kill", "-9", pid], capture_output=True)
+        (code0, err0), _ = _finish(agents)
+    assert code0 == 0, err0
+    rows = _rows(out)
+    for got, want in zip(rows, reference, strict=True):
+        for key in ("train_loss", "test_rel_l2"):
+            assert abs(got[key] - want[key]) <= 1e-5 * abs(want[key]), (key, got, want)
+    assert _checkpoints(out)[1] == "epoch-0006"
+
+
+def test_a_run_folder_that_is_not_shared_is_refused(data, tmp_path):
+    out = tmp_path / "shared" / "run"
+    out.parent.mkdir()
+    with Hosts(2) as hosts:
+        train = _run(data, out, "--epochs", "2")
+        commands = [_torchrun(hosts, i, "2", "static", train) for i in range(2)]
+        # Host 1 sees its own, empty folder there (a tmpfs in its mount namespace): another disk.
+        private = f'mount -t tmpfs tmpfs {out.parent} && exec "$@"'
+        commands[1] = ["sh", "-c", private, "sh", *commands[1]]
+        results = _finish(_start(hosts, commands))
+    assert all(code != 0 for code, _ in results)
+    lines = _lines(results[0][1])
+    assert len(lines) == 1 and f"--out {out} is not shared between the hosts" in lines[0], results[0][1]
+    assert f"node 1 ({hosts.address(1)}: ranks 2, 3)" in lines[0]
+    assert not (out / "checkpoints").exists()
