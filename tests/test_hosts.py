@@ -14,8 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+import hosts as hosts_module
 import pytest
-from hosts import Hosts, require_hosts
+from hosts import Hosts, skip_unless_hosts
 from test_faults import _checkpoints, _rows, _run
 from test_train import tiny_data
 
@@ -31,7 +32,7 @@ AGENT_S = 300  # a generous bound on one agent's run: a hang fails the test
 
 @pytest.fixture(autouse=True)
 def _hosts_available():
-    require_hosts()
+    skip_unless_hosts()
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +66,16 @@ def _torchrun(hosts: Hosts, i: int, nnodes: str, rendezvous: str, train: list[st
 
 
 def _start(hosts: Hosts, commands: list[list[str]]) -> list[subprocess.Popen]:
+    """Command i on host i, its ranks talking over the host's link."""
     return [
-        hosts.popen(i, cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        hosts.popen(
+            i,
+            cmd,
+            env={**ENV, "GLOO_SOCKET_IFNAME": hosts.interface(i)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i, cmd in enumerate(commands)
     ]
 
@@ -211,3 +220,85 @@ def test_a_run_folder_that_is_not_shared_is_refused(data, tmp_path):
     assert len(lines) == 1 and f"--out {out} is not shared between the hosts" in lines[0], results[0][1]
     assert f"node 1 ({hosts.address(1)}: ranks 2, 3)" in lines[0]
     assert not (out / "checkpoints").exists()
+
+
+def _listen(hosts: Hosts, j: int) -> tuple[subprocess.Popen, int]:
+    """A receiver on host j (every address, a free port): it reads one connection to its end, then prints
+    the bytes and seconds. Returns it and its port."""
+    script = (
+        "import socket, sys, time\n"
+        "server = socket.create_server(('0.0.0.0', 0))\n"
+        "print(server.getsockname()[1], flush=True)\n"
+        "conn, _ = server.accept()\n"
+        "began, count = time.monotonic(), 0\n"
+        "while block := conn.recv(1 << 16):\n"
+        "    count += len(block)\n"
+        "print(count, time.monotonic() - began, flush=True)\n"
+    )
+    receiver = hosts.popen(j, [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    return receiver, int(receiver.stdout.readline())
+
+
+def _send(hosts: Hosts, i: int, address: str, port: int, count: int) -> bool:
+    """Whether host i connects to ``address:port`` within 1 s and sends ``count`` zero bytes."""
+    script = (
+        "import socket, sys\n"
+        "with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1) as conn:\n"
+        "    conn.sendall(bytes(int(sys.argv[3])))\n"
+    )
+    sender = hosts.popen(i, [sys.executable, "-c", script, address, str(port), str(count)], stderr=subprocess.DEVNULL)
+    return sender.wait(timeout=60) == 0
+
+
+def _received(receiver: subprocess.Popen) -> tuple[int, float]:
+    """A receiver's bytes and seconds."""
+    count, seconds = receiver.communicate(timeout=60)[0].split()
+    return int(count), float(seconds)
+
+
+def test_hosts_reach_each_other_until_cut_and_are_rate_limited_then_removed():
+    skip_unless_hosts()
+    with Hosts(3) as hosts:
+        names = [hosts.namespace(i) for i in range(3)]
+        assert len({hosts.address(i) for i in range(3)}) == 3 and hosts.interface(0) == "eth0"
+        for i in range(3):
+            receiver, port = _listen(hosts, i)
+            assert _send(hosts, i, "127.0.0.1", port, 10)  # loopback is up
+            assert _received(receiver)[0] == 10
+        receiver, port = _listen(hosts, 0)
+        assert _send(hosts, 1, hosts.address(0), port, 1 << 20)
+        count, seconds = _received(receiver)
+        assert count == 1 << 20 and seconds < 0.5, seconds
+        # 2 MiB at 16 Mbit/s: 0.92 s for what the 256 kB burst does not cover, in either direction.
+        hosts.rate_limit("16mbit")
+        for i, j in ((1, 0), (0, 1)):
+            receiver, port = _listen(hosts, j)
+            assert _send(hosts, i, hosts.address(j), port, 2 << 20)
+            count, seconds = _received(receiver)
+            assert count == 2 << 20 and seconds > 0.7, seconds
+        hosts.rate_limit(None)
+        # Host 0 cut off: no connection either way, while hosts 1 and 2 still talk.
+        hosts.cut(0)
+        receiver, port = _listen(hosts, 0)
+        other, other_port = _listen(hosts, 2)
+        assert not _send(hosts, 1, hosts.address(0), port, 10)
+        assert not _send(hosts, 0, hosts.address(2), other_port, 10)
+        third, third_port = _listen(hosts, 1)
+        assert _send(hosts, 2, hosts.address(1), third_port, 10) and _received(third)[0] == 10
+        hosts.mend(0)
+        assert _send(hosts, 1, hosts.address(0), port, 10) and _received(receiver)[0] == 10
+        assert _send(hosts, 0, hosts.address(2), other_port, 10) and _received(other)[0] == 10
+        sleeper = hosts.popen(1, ["sleep", "600"])
+    # Gone on leaving: the processes left on the hosts, the namespaces with their links and bridge.
+    assert sleeper.returncode == -9
+    assert not set(names) & set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+def test_hosts_that_cannot_be_made_skip_or_fail_when_required(monkeypatch):
+    monkeypatch.setattr(hosts_module, "unavailable", lambda: "no ip")
+    monkeypatch.delenv(hosts_module.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no hosts \\(network namespaces\\): no ip"):
+        skip_unless_hosts()
+    monkeypatch.setenv(hosts_module.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="DRIFT_REQUIRE_HOSTS=1, but no hosts can be made: no ip"):
+        skip_unless_hosts()

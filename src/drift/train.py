@@ -663,7 +663,7 @@ class _Epoch:
         return cls(total, saved["trained"], saved["skipped"], saved["step"])
 
 
-def train(config: TrainConfig) -> list[dict]:
+def train(config: TrainConfig, stop: StopSignals | None = None) -> list[dict]:
     """Train on this rank's blocks (call on every rank of the default group, or alone); returns the
     per-epoch metrics (the same on every rank). Rank 0 holds ``config.out``'s lock (FolderInUse if
     another run does) and writes ``metrics.jsonl``, ``stats.json``, ``checkpoints/``, and at the end
@@ -676,13 +676,15 @@ def train(config: TrainConfig) -> list[dict]:
     ``config.out``; each phase's collectives time out after a bound that fits it (``PhaseTimeouts``), and
     a peer that stops answering ends every rank with ``PeersLost`` naming its node and address. SIGTERM or
     SIGUSR1 (``drift.stopping``) stops every rank at the next step boundary with a mid-epoch checkpoint:
-    ``Stopped``."""
+    ``Stopped``; ``stop``: signals already being caught (by default from here on)."""
     cluster = Cluster.join() if comm.world_size() > 1 else None
     timeouts = PhaseTimeouts(config.collective_timeout)
     try:
         if cluster is not None:
             cluster.check_shared(config.out)
-        with StopSignals() as stop, _one_writer(Path(config.out)):
+        with contextlib.ExitStack() as stack:
+            stop = stop or stack.enter_context(StopSignals())
+            stack.enter_context(_one_writer(Path(config.out)))
             return _train(config, stop, timeouts)
     except RuntimeError as exc:
         # A collective that failed (Gloo raises a plain RuntimeError): which peers stopped answering?
@@ -894,7 +896,8 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
     """One rank of ``drift train`` (an entry point for ``drift.launch.run_ranks`` or torchrun): join the
     process group, make sure the data exist (rank 0 generates the default set), check, train. Returns
     the history, or the ``Stopped`` a signal ended the run with."""
-    with process_group(config.device):
+    # From the start: a scheduler's warning while the group forms or the data load still stops the run.
+    with StopSignals() as stop, process_group(config.device):
         if config.data is None:
             if comm.rank() == 0:
                 ensure_default_data(config.progress, rank_device())
@@ -902,7 +905,7 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
             config = dataclasses.replace(config, data=str(default_data_path()))
         check_config(config, comm.world_size())
         try:
-            return train(config)
+            return train(config, stop)
         except Stopped as stopped:
             return stopped
 
