@@ -30,6 +30,7 @@ import torch
 
 import drift
 from drift import comm
+from drift.launch import ranks_text
 
 PROBE_S = 5.0  # how long a peer's listener has to answer a probe
 _PING = b"?"
@@ -79,8 +80,7 @@ def describe(peers: list[Peer]) -> str:
         by_node.setdefault((peer.node, peer.address), []).append(peer.rank)
     parts = []
     for (node, address), ranks in sorted(by_node.items()):
-        what = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, sorted(ranks)))}"
-        parts.append(f"node {node} ({address}: {what})")
+        parts.append(f"node {node} ({address}: {ranks_text(sorted(ranks))})")
     return "; ".join(parts)
 
 

@@ -239,7 +239,7 @@ class _Reply(NamedTuple):
     line: str
 
 
-def _ranks(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     """``rank 3`` or ``ranks 0, 2``."""
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
@@ -361,7 +361,7 @@ class RankPool:
         by_error: dict[str, list[int]] = {}
         for rank, reply in failed.items():
             by_error.setdefault(reply.line, []).append(rank)
-        summary = "; ".join(f"{_ranks(sorted(ranks))} {line}" for line, ranks in by_error.items())
+        summary = "; ".join(f"{ranks_text(sorted(ranks))} {line}" for line, ranks in by_error.items())
         reports = {rank: reply.value for rank, reply in sorted(failed.items())}
         details = "\n".join(f"--- rank {rank} ---\n{report.rstrip()}" for rank, report in reports.items())
         error = RankError(summary, reports, next(iter(failed)))
