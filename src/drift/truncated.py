@@ -45,6 +45,7 @@ from drift._plan import (
 )
 from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
+from drift.overlap import compute_then_send, receive_then_compute
 
 _NORMS = ("backward", "ortho", "forward")
 # The bound on a chunk's intermediates in the passes autograd does not record (4 complex values of the widest
@@ -458,6 +459,35 @@ class _LinearMap(torch.autograd.Function):
         return None, None, None, None, plan._run(ctx.adjoint, grad.contiguous(), f"{ctx.name}_adjoint", ctx.stages)
 
 
+class _ScatterMap(torch.autograd.Function):
+    """A plan's stages, then the reduce-scatter of the result's shares (``_scatter_pieces``); its adjoint
+    is ``_GatherMap`` with the adjoint stages, and the other way round."""
+
+    @staticmethod
+    def forward(ctx, plan: TruncatedFFT, stages, adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
+        ctx.plan, ctx.stages, ctx.adjoint, ctx.name = plan, stages, adjoint, name
+        return plan._scatter_pieces(stages, t, name)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gathered = ctx.plan._gather(ctx.adjoint, ctx.stages, f"{ctx.name}_adjoint", grad.contiguous())
+        return None, None, None, None, gathered
+
+
+class _GatherMap(torch.autograd.Function):
+    """The all-gather of every rank's shares, then a plan's stages (``_gather_pieces``)."""
+
+    @staticmethod
+    def forward(ctx, plan: TruncatedFFT, stages, adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
+        ctx.plan, ctx.stages, ctx.adjoint, ctx.name = plan, stages, adjoint, name
+        return plan._gather_pieces(stages, t, name)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        scattered = ctx.plan._scatter(ctx.adjoint, ctx.stages, f"{ctx.name}_adjoint", grad.contiguous())
+        return None, None, None, None, scattered
+
+
 class TruncatedFFT(ComplexModule):
     """A resident plan for the retained Fourier modes of a field sharded over a DeviceMesh.
 
@@ -490,6 +520,10 @@ class TruncatedFFT(ComplexModule):
             The shares, and so the results, are the same whatever it is. It applies to the sharded
             forward and inverse (the replicated forward all-reduces per spatial mesh dim). A shape that
             does not factor the rank count so is a ValueError before any collective.
+        overlap: the sharded forward's reduce-scatter and the sharded inverse's all-gather (and their
+            adjoints in the backward) run in this many pieces of the batch's fields (``drift.overlap``),
+            each piece's collective overlapping the next piece's transform. 1: no overlap. The results
+            are the same whatever it is.
 
     Inputs are this rank's block (a plain tensor ``(*batch, *layout.local_shape)``) or a DTensor of the
     global field with the plan's mesh and placements (outputs are then DTensors too).
@@ -518,9 +552,13 @@ class TruncatedFFT(ComplexModule):
         strict: bool = True,
         padding: PaddingSpec | None = None,
         reduction: Sequence[int] | DeviceMesh | None = None,
+        overlap: int = 1,
     ) -> None:
         super().__init__()
         cdtype = complex_dtype(dtype)
+        if not isinstance(overlap, int) or overlap < 1:
+            raise ValueError(f"overlap must be a positive number of pieces, got {overlap!r}")
+        self.overlap = overlap
         if norm not in _NORMS:
             raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
         layout = Layout(global_shape, mesh, placements)
@@ -564,6 +602,7 @@ class TruncatedFFT(ComplexModule):
     def extra_repr(self) -> str:
         padded = f", padding={self.padding}" if any(b or a for b, a in self.padding) else ""
         reduction = "" if self.layout.reduction is None else f", reduction={tuple(self.layout.reduction.shape)}"
+        reduction += "" if self.overlap == 1 else f", overlap={self.overlap}"
         return (
             f"global_shape={self.global_shape}{padded}, mode_shape={self.mode_shape}, "
             f"layout={self.layout.placements}, real={self.real}, dtype={self.dtype}, norm={self.norm!r}, "
@@ -756,16 +795,59 @@ class TruncatedFFT(ComplexModule):
     ) -> torch.Tensor:
         matrices = [getattr(self, stage.name) for stage in stages]
         rows, chunk = t.shape[0], self.chunk_rows(stages, t.shape[1:], t.shape[0])
-        sizes = list(t.shape[1:])
-        for stage in stages:
-            sizes = stage.extents(sizes)
-        result_dtype = self.dtype if stages[-1].kind in ("real_out", "real") else self.complex_dtype
-        result = memory.empty((rows, *sizes), result_dtype, t.device) if out is None else out.view(rows, *sizes)
+        result = self._result(stages, rows, t.shape[1:], t.device, out)
         for start in range(0, rows, chunk):
             piece = t[start : start + chunk]
             for i, stage in enumerate(stages):
                 target = result[start : start + chunk] if i == len(stages) - 1 else None
                 piece = _apply(piece, stage, matrices[i], self._workspace, (name, i), out=target)
+        return result
+
+    def _result(
+        self, stages: tuple[_Stage, ...], rows: int, sizes: Sequence[int], device, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The tensor ``stages`` write ``rows`` fields of extents ``sizes`` into: ``out`` viewed so, or fresh."""
+        sizes = list(sizes)
+        for stage in stages:
+            sizes = stage.extents(sizes)
+        if out is not None:
+            return out.view(rows, *sizes)
+        return memory.empty(
+            (rows, *sizes), self.dtype if stages[-1].kind in ("real_out", "real") else self.complex_dtype, device
+        )
+
+    def _scatter(self, stages: tuple[_Stage, ...], adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
+        """``stages`` on ``t`` ``(rows, ...)`` into ``(rows, *mode_shape)``, then this rank's shares of the
+        sum over ranks ``(rows, *share_shape)`` (``Layout.reduce_scatter_shares``), in ``overlap`` pieces."""
+        if torch.is_grad_enabled() and t.requires_grad:
+            return _ScatterMap.apply(self, stages, adjoint, name, t)
+        return self._scatter_pieces(stages, t, name)
+
+    def _scatter_pieces(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
+        def compute(rows: slice) -> torch.Tensor:
+            return self._run_chunks(stages, t[rows], name).view(-1, *self.mode_shape)
+
+        return compute_then_send(t.shape[0], self.overlap, compute, self.layout.reduce_scatter_shares)
+
+    def _gather(
+        self, stages: tuple[_Stage, ...], adjoint, name: str, t: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Every rank's shares ``t`` ``(rows, *share_shape)`` joined into ``(rows, *mode_shape)``
+        (``Layout.all_gather_shares``), then ``stages`` on them (into ``out``), in ``overlap`` pieces."""
+        if torch.is_grad_enabled() and t.requires_grad:
+            return _GatherMap.apply(self, stages, adjoint, name, t)
+        return self._gather_pieces(stages, t, name, out)
+
+    def _gather_pieces(
+        self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        result = self._result(stages, t.shape[0], self.mode_shape, t.device, out)
+        receive_then_compute(
+            t.shape[0],
+            self.overlap,
+            lambda rows: self.layout.all_gather_shares(t[rows], self.mode_shape[0]),
+            lambda rows, spectrum: self._run_chunks(stages, spectrum, name, result[rows]),
+        )
         return result
 
     def partial_spectrum(self, x_local: torch.Tensor) -> torch.Tensor:
@@ -790,11 +872,12 @@ class TruncatedFFT(ComplexModule):
         """
         if isinstance(x, DTensor):
             return self._forward_dtensor(x, sharded)
-        spec = self.partial_spectrum(x)
         if not sharded:
-            return self.layout.all_reduce(spec)
-        batch = spec.shape[: spec.dim() - len(self.mode_shape)]
-        share = self.layout.reduce_scatter_shares(spec.reshape(math.prod(batch), *self.mode_shape))
+            return self.layout.all_reduce(self.partial_spectrum(x))
+        x = self._check(x, "forward input", self.local_shape, complex_input=not self.real)
+        batch = x.shape[: x.dim() - len(self.global_shape)]
+        flat = x.reshape(math.prod(batch), *self.local_shape)
+        share = self._scatter(self._forward_stages, self._forward_adjoint, "forward", flat)
         return share.view(*batch, *share.shape[1:])
 
     def inverse(self, xhat: torch.Tensor, sharded: bool = False, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -824,7 +907,8 @@ class TruncatedFFT(ComplexModule):
             self._check_out(out, (*batch, *self.local_shape), xhat)
         spec = xhat.reshape(math.prod(batch), *shape)
         if sharded:
-            spec = self.layout.all_gather_shares(spec, self.mode_shape[0])
+            y = self._gather(self._inverse_stages, self._inverse_adjoint, "inverse", spec, out)
+            return out if out is not None else y.view(*batch, *self.local_shape)
         if out is not None:
             self._run_chunks(self._inverse_stages, spec, "inverse", out)
             return out

@@ -51,6 +51,7 @@ def parallelize(
     placements: Sequence,
     *,
     reduction: Sequence[int] | DeviceMesh | None = None,
+    overlap: int = 1,
     global_shape: Sequence[int] | None = None,
     machine: Machine | None = None,
 ) -> nn.Module:
@@ -77,10 +78,14 @@ def parallelize(
     weights, their placements and state dicts, as they are without it. ValueError before any
     collective when it does not factor that rank count or a spectral layer is not "drift".
 
+    ``overlap``: the "drift" layers' spectrum collectives in this many pieces, each overlapping the next
+    piece's transform (``drift.TruncatedFFT``'s ``overlap``; 1: none). ValueError before any collective
+    when it is not a positive int or, above 1, a spectral layer is not "drift".
+
     ``global_shape`` (the inputs' spatial extents) and ``machine`` (``drift.nn.auto.Machine``, default
     ``Machine.default(mesh.device_type)``): for layers built with ``method="auto"``, which become the
     method the cost model predicts fastest there (``layer.choice`` says why; dfno-pruned is no candidate
-    with ``reduction`` or with domain padding on a split dim). Required when there is such a layer.
+    with ``reduction``, ``overlap`` or with domain padding on a split dim). Required when there is such a layer.
     """
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
     if d is None:
@@ -90,7 +95,8 @@ def parallelize(
     split = [any(placements[a].dim == 2 + i and mesh.size(a) > 1 for a in spatial_axes) for i in range(d)]
     layers = [m for m in model.modules() if isinstance(m, SpectralConv)]
     if any(m.method == AUTO for m in layers):
-        _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, reduction)
+        drift_only = reduction is not None or overlap != 1
+        _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, drift_only)
     for module in layers:
         module.check_padding_split(split)
     handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | Replicated) for p in m.parameters()}
@@ -100,12 +106,14 @@ def parallelize(
             f"parallelize handles drift's layers only; these parameters would be neither synchronised nor "
             f"reduced: {', '.join(other)}"
         )
-    if reduction is not None:
-        others = sorted({m.method for m in model.modules() if isinstance(m, SpectralConv) and m.method != "drift"})
-        if others:
-            raise ValueError(f"reduction applies to method 'drift' only; the model has {', '.join(others)} layers")
-        if not isinstance(reduction, DeviceMesh):
-            reduction = reduction_mesh(mesh, spatial_axes, reduction)
+    if not isinstance(overlap, int) or overlap < 1:
+        raise ValueError(f"overlap must be a positive number of pieces, got {overlap!r}")
+    others = sorted({m.method for m in layers if m.method != "drift"})
+    for name, given in (("reduction", reduction is not None), ("overlap", overlap != 1)):
+        if given and others:
+            raise ValueError(f"{name} applies to method 'drift' only; the model has {', '.join(others)} layers")
+    if reduction is not None and not isinstance(reduction, DeviceMesh):
+        reduction = reduction_mesh(mesh, spatial_axes, reduction)
     # What can still fail (a dfno-pruned layout) fails here, before the model changes.
     weight_placements = {id(m): _weight_placements(m, mesh, placements) for m in layers}
     with torch.no_grad():
@@ -128,12 +136,12 @@ def parallelize(
                     stored = distribute_tensor(value, mesh, (Replicate(),) * mesh.ndim).to_local()
                 setattr(module, name, nn.Parameter(stored, requires_grad=param.requires_grad))
             if isinstance(module, SpectralConv):
-                module.reduction = reduction
+                module.reduction, module.overlap = reduction, overlap
                 module.plans.clear()
     return model
 
 
-def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, reduction) -> None:
+def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, drift_only) -> None:
     """Resolve the ``method="auto"`` layers for inputs of ``global_shape`` on this mesh (the same choice
     on every rank: the model is deterministic); ValueError without ``global_shape``."""
     d = layers[0].ndim
@@ -145,9 +153,9 @@ def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machin
     parts = [math.prod(mesh.size(a) for a in spatial_axes if placements[a].dim == 2 + i) for i in range(d)]
     machine = machine or Machine.default(mesh.device_type)
     for layer in (m for m in layers if m.method == AUTO):
-        # dfno-pruned cannot pad a split dim, nor take a reduction mesh, nor split every dim.
+        # dfno-pruned cannot pad a split dim, nor take drift's reduction or overlap, nor split every dim.
         padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
-        excluded = ("dfno-pruned",) if padded_split or reduction is not None or all(split) else ()
+        excluded = ("dfno-pruned",) if padded_split or drift_only or all(split) else ()
         layer.choose_method(tuple(global_shape), parts, machine, excluded)
 
 

@@ -215,6 +215,7 @@ class SpectralConv(ComplexModule):
         self.mesh = None
         self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
         self.reduction = None  # set by parallelize: drift's reduction mesh, or None (one step per mesh dim)
+        self.overlap = 1  # set by parallelize: drift's pieces of the spectrum's collectives (drift.overlap)
         self.data_axes: tuple[int, ...] = ()
         self.plans = nn.ModuleDict()
         self.choice: MethodChoice | None = None  # what method="auto" chose, and why
@@ -230,6 +231,8 @@ class SpectralConv(ComplexModule):
             where = f", bias=True{where}"
         if self.reduction is not None:
             where += f", reduction={tuple(self.reduction.shape)}"
+        if self.overlap != 1:
+            where += f", overlap={self.overlap}"
         if self.choice is not None:
             where += f" ({self.choice})"
         return f"{self.in_channels}, {self.out_channels}, mode_shape={self.mode_shape}, method={self.method!r}{where}"
@@ -323,9 +326,8 @@ class SpectralConv(ComplexModule):
         common = dict(dtype=self._precision(), device=self.weight.device)
         where = (layout.global_shape, layout.mesh, layout.placements)
         if self.method == "drift":
-            return TruncatedFFT(
-                *where[:1], modes, *where[1:], real=self.real, padding=padding, reduction=self.reduction, **common
-            )
+            drift_options = dict(padding=padding, reduction=self.reduction, overlap=self.overlap)
+            return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, **drift_options, **common)
         self.check_padding_split([p > 1 for p in layout.parts])
         where = (padded, *where[1:])  # the dfno methods transform the padded tensor
         kind = "r2c" if self.real else "c2c"
