@@ -106,6 +106,18 @@ def test_a_data_mesh_dim_spans_the_hosts(data, tmp_path):
     assert _rows(out) == _reference(tmp_path / "one", data, "--epochs", "2", "--nproc", "4", "--data-parallel", "2")
 
 
+def test_a_reduction_within_then_across_hosts_with_overlap(data, four, tmp_path):
+    """``--reduction hosts`` (2 x 2: within each host, then across) and ``--overlap 2`` train as one host
+    does, to the float32 round-off of sums in another order."""
+    out = tmp_path / "run"
+    _on_two_hosts(data, out, "static", "--epochs", "2", "--reduction", "hosts", "--overlap", "2")
+    rows = _rows(out)
+    assert [r["epoch"] for r in rows] == [r["epoch"] for r in four[:2]]
+    for row, expected in zip(rows, four, strict=False):
+        for key in ("train_loss", "test_rel_l2"):
+            assert abs(row[key] - expected[key]) <= 1e-5 * abs(expected[key]), (key, row, expected)
+
+
 def test_a_checkpoint_of_two_hosts_resumes_on_one_rank_and_on_three(data, four, tmp_path):
     two = tmp_path / "two"
     _on_two_hosts(data, two, "static", "--epochs", "2")

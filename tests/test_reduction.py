@@ -231,3 +231,40 @@ def test_one_process_reduction():
     assert rel_err(plan(x, sharded=True), truncated_spectrum(x, plan.modes, True, "backward")) <= 1e-12
     with pytest.raises(ValueError, match=r"reduction \(2, 2\) needs a mesh"):
         drift.TruncatedFFT((9, 8), (3, 2), reduction=(2, 2))
+
+
+def _auto_reductions():
+    """parallelize(reduction="auto") on a slab of 4 ranks, 2 a host: the cost model's shape, and the values."""
+    from drift.nn.auto import Hosts, Machine
+
+    device = device_for(dist.get_rank())
+    mesh, placements = mesh_for((4,))[0], (Shard(2),)
+    x = random_tensor((2, 3, 16, 6), torch.float64, 5)
+    chosen = []
+    for method, machine in [
+        ("drift", Machine(1e10, 1e10, 1e-4, 1e-9, Hosts(2, 1e-3, 8e-9))),
+        ("auto", Machine(1e10, 1e10, 1e-4, 1e-9, Hosts(2, 1e-3, 8e-9))),
+        ("drift", Machine(1e10, 1e10, 0.0, 1e-9)),  # no latency: one level is as fast
+    ]:
+        torch.manual_seed(0)
+        single, model = (
+            FNO(3, 2, 4, (3, 2), 2, method=m, dtype=torch.float64, device=device) for m in ("drift", method)
+        )
+        model.load_state_dict(single.state_dict())
+        parallelize(model, mesh, placements, reduction="auto", global_shape=(16, 6), machine=machine)
+        convs = [m for m in model.modules() if isinstance(m, SpectralConv)]
+        shapes = {None if c.reduction is None else tuple(c.reduction.shape) for c in convs}
+        chosen.append((sorted({c.method for c in convs}), shapes))
+        out = model(distribute(x, mesh, placements, 0)).full_tensor()
+        assert rel_err(out, single(x.to(device))) <= 1e-12
+    return chosen, attempts_without_collectives(
+        [(lambda r: parallelize(FNO(1, 1, 2, (2, 2), 1), mesh, placements, reduction=r, global_shape=(8, 8)), "best")]
+    )
+
+
+def test_parallelize_chooses_the_reduction(ranks):
+    for chosen, errors in ranks.run(4, _auto_reductions):
+        assert chosen == [(["drift"], {(2, 2)}), (["drift"], {(2, 2)}), (["drift"], {None})]
+        assert errors == [
+            ("ValueError", "reduction must be a mesh shape, a reduction mesh, None or 'auto', got 'best'")
+        ]

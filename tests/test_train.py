@@ -25,6 +25,7 @@ from drift.data import generate
 from drift.launch import RankError
 from drift.train import (
     LEGACY_OPTIONS,
+    ConfigError,
     Sharding,
     TrainConfig,
     _datasets,
@@ -33,6 +34,7 @@ from drift.train import (
     evaluate,
     frame_weights,
     learning_rate,
+    reduction_shape,
     train,
 )
 
@@ -143,13 +145,30 @@ def test_frame_weighted_loss(ranks, data, tmp_path):
 
 
 def test_reduction_trains_like_the_flat_reduction(ranks, data, tmp_path):
-    """--reduction 2x2 on a slab of 4: the same losses as the flat reduction, and its checkpoint
-    evaluates on 1 rank (the weights are stored alike)."""
+    """--reduction 2x2 with --overlap 3 on a slab of 4: the same losses as the flat reduction, and its
+    checkpoint evaluates on 1 rank (the weights are stored alike)."""
     flat = ranks.run(4, _train, _config(data, tmp_path / "flat"))[0]
-    tree = ranks.run(4, _train, _config(data, tmp_path / "tree", reduction=(2, 2)))[0]
+    tree = ranks.run(4, _train, _config(data, tmp_path / "tree", reduction=(2, 2), overlap=3))[0]
     assert _close(_losses(tree), _losses(flat), 1e-5), (tree, flat)
     result = ranks.run(1, evaluate, str(tmp_path / "tree"))[0]
     assert result["test_rel_l2"] == pytest.approx(tree[-1]["test_rel_l2"], rel=1e-5)
+
+
+def test_reduction_over_hosts_takes_torchruns_hosts(monkeypatch):
+    """--reduction hosts: (hosts, ranks a host) of the spatial ranks, none on one host."""
+    config = TrainConfig(reduction="hosts")
+    assert reduction_shape(config, 4) is None  # drift train --nproc 4: one host
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert reduction_shape(config, 8) == (4, 2)
+    assert reduction_shape(TrainConfig(reduction="hosts", data_parallel=2), 8) == (2, 2)
+    assert reduction_shape(TrainConfig(reduction=(8,)), 8) == (8,)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert reduction_shape(TrainConfig(reduction="hosts", data_parallel=2), 8) is None
+    assert reduction_shape(TrainConfig(reduction="hosts"), 12) == (3, 4)
+    with pytest.raises(ConfigError, match="--reduction hosts: 4 ranks a host do not divide the 6 spatial ranks"):
+        reduction_shape(TrainConfig(reduction="hosts"), 6)
 
 
 def test_drift_and_dfno_train_alike(ranks, data, tmp_path):
@@ -318,6 +337,9 @@ def _fails_with_one_line(capsys, argv, names) -> None:
         (["--reduction", "2", "--nproc", "2", "--method", "dfno"], "--reduction"),
         (["--reduction", "2x0"], "--reduction"),
         (["--reduction", "4", "--nproc", "4", "--grid", "2x2x1"], "--reduction"),
+        (["--reduction", "hosts", "--method", "dfno"], "--reduction hosts applies to --method drift"),
+        (["--overlap", "2", "--nproc", "2", "--method", "dfno"], "--overlap 2 applies to --method drift"),
+        (["--overlap", "0"], "--overlap"),
         (["--factorization", "tt"], "--factorization"),
         (["--factorization", "cp", "--rank", "0.001"], "--rank 0.001: rank = 0.001 rounds to a CP rank of 0"),
     ],

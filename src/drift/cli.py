@@ -338,7 +338,11 @@ def _grid(text: str) -> tuple[int, ...]:
     return grid
 
 
-def _reduction(text: str) -> tuple[int, ...]:
+def _reduction(text: str) -> tuple[int, ...] | str:
+    from drift.train import HOSTS
+
+    if text == HOSTS:
+        return text
     try:
         shape = tuple(int(p) for p in text.lower().split("x"))
     except ValueError:
@@ -419,7 +423,15 @@ def _add_train(commands) -> None:
         "--reduction",
         type=_reduction,
         help="reduce drift's spectra over the spatial ranks in steps, like 8x4 (8 nodes of 4 ranks on a slab): "
-        "one reduce-scatter per entry, the last first; on a grid, consecutive entries split each split dim",
+        "one reduce-scatter per entry, the last first; on a grid, consecutive entries split each split dim; "
+        "'hosts': within each host, then across (torchrun's hosts)",
+    )
+    train.add_argument(
+        "--overlap",
+        type=positive(int),
+        default=d.overlap,
+        metavar="PIECES",
+        help="run drift's spectrum collectives in this many pieces, each overlapping the next piece's transform",
     )
     train.add_argument(
         "--method",

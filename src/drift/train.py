@@ -112,6 +112,9 @@ class NonFiniteError(RuntimeError):
     """A non-finite loss or gradient norm stopped training; the message names the epoch, step and trajectories."""
 
 
+HOSTS = "hosts"  # --reduction hosts: drift's spectra reduced within each host first, then across hosts
+
+
 @dataclass
 class TrainConfig:
     """The options of ``drift train`` (see ``drift train --help``)."""
@@ -119,7 +122,8 @@ class TrainConfig:
     data: str | None = None
     grid: tuple[int, int, int] | None = None
     data_parallel: int = 1
-    reduction: tuple[int, ...] | None = None
+    reduction: tuple[int, ...] | str | None = None  # a mesh shape, or HOSTS
+    overlap: int = 1
     method: str = "drift"
     model: str = "neuralop"
     width: int = 20
@@ -177,7 +181,7 @@ def ensure_default_data(progress: bool = True, device: torch.device | str = "cpu
 
 def check_config(config: TrainConfig, world_size: int) -> None:
     """Reject option values that cannot work, before any rank starts (ConfigError naming the option)."""
-    for name in ("width", "layers", "epochs", "batch_size", "nproc", "t_in", "t_out", "data_parallel"):
+    for name in ("width", "layers", "epochs", "batch_size", "nproc", "t_in", "t_out", "data_parallel", "overlap"):
         if getattr(config, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
     if not config.lr > 0:
@@ -222,6 +226,8 @@ def check_config(config: TrainConfig, world_size: int) -> None:
             raise ConfigError(f"--device cuda: {world_size} ranks on this machine need {world_size} GPUs, found {gpus}")
     if config.reduction is not None:
         check_reduction(config, world_size)
+    if config.overlap != 1 and config.method != "drift":
+        raise ConfigError(f"--overlap {config.overlap} applies to --method drift, not {config.method}")
     if config.resume:
         resume_point(config)
     if config.data is None:
@@ -261,21 +267,43 @@ def spatial_grid(config: TrainConfig, world_size: int) -> tuple[int, ...]:
     return tuple(grid)
 
 
+def reduction_shape(config: TrainConfig, world_size: int) -> tuple[int, ...] | None:
+    """The reduction mesh shape of ``--reduction``: as given, or for ``--reduction hosts`` (HOSTS) the
+    spatial ranks as (hosts, ranks a host): torchrun numbers ranks host by host, LOCAL_WORLD_SIZE a host
+    (``drift train --nproc``: one host); None when one host holds every spatial rank of a field."""
+    if config.reduction != HOSTS:
+        return config.reduction
+    spatial = world_size // config.data_parallel
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if launched() else world_size
+    if per_host >= spatial:
+        return None
+    if spatial % per_host:
+        raise ConfigError(f"--reduction hosts: {per_host} ranks a host do not divide the {spatial} spatial ranks")
+    return (spatial // per_host, per_host)
+
+
 def check_reduction(config: TrainConfig, world_size: int) -> None:
     """ConfigError unless ``--reduction`` splits the grid's split dims in turn (``drift.reduction_mesh``)
     for a "drift" model."""
-    shape = "x".join(map(str, config.reduction))
     if config.method != "drift":
-        raise ConfigError(f"--reduction {shape} applies to --method drift, not {config.method}")
+        raise ConfigError(f"--reduction {_shape_text(config.reduction)} applies to --method drift, not {config.method}")
+    reduction = reduction_shape(config, world_size)
+    if reduction is None:
+        return
+    shape = _shape_text(reduction)
     split = [p for p in spatial_grid(config, world_size) if p > 1]
-    if min(config.reduction) < 1 or math.prod(config.reduction) != math.prod(split):
+    if min(reduction) < 1 or math.prod(reduction) != math.prod(split):
         raise ConfigError(
             f"--reduction {shape}: needs positive entries whose product is the {math.prod(split)} spatial ranks"
         )
     try:
-        split_reduction(config.reduction, split)
+        split_reduction(reduction, split)
     except ValueError as exc:
         raise ConfigError(f"--reduction {shape}: {exc}") from None
+
+
+def _shape_text(shape: tuple[int, ...] | str) -> str:
+    return shape if isinstance(shape, str) else "x".join(map(str, shape))
 
 
 def check_resolution(config: TrainConfig, extents: Sequence[int], world_size: int, option: str | None = None) -> None:
@@ -370,11 +398,12 @@ def build_model(
             device=device,
         )
     if sharding is not None and sharding.mesh is not None:
-        reduction = None
-        if config.reduction is not None:
+        reduction = reduction_shape(config, sharding.mesh.size())
+        if reduction is not None:
             spatial = [a for a, p in enumerate(sharding.placements) if p.dim >= 2]
-            reduction = reduction_mesh(sharding.mesh, spatial, config.reduction, timeout_s=GROUP_TIMEOUT_S)
-        parallelize(model, sharding.mesh, sharding.placements, reduction=reduction, global_shape=global_shape)
+            reduction = reduction_mesh(sharding.mesh, spatial, reduction, timeout_s=GROUP_TIMEOUT_S)
+        options = dict(reduction=reduction, overlap=config.overlap, global_shape=global_shape)
+        parallelize(model, sharding.mesh, sharding.placements, **options)
     elif config.method == AUTO and global_shape is not None:
         for layer in model.spectral:
             layer.choose_method(global_shape, (1,) * len(global_shape), Machine.default(torch.device(device).type))

@@ -41,14 +41,15 @@ def slab(shape: Sequence[int], size: int) -> tuple[int, ...]:
     return (size,) + (1,) * (len(shape) - 1)
 
 
-def distribute(model: nn.Module, shape: Sequence[int]) -> Layout:
-    """Parallelize ``model`` over a slab mesh of every rank of the default group (nothing on one rank);
-    the layout of its inputs' spatial dims (global extents ``shape``)."""
+def distribute(model: nn.Module, shape: Sequence[int], **options: Any) -> Layout:
+    """Parallelize ``model`` over a slab mesh of every rank of the default group (nothing on one rank),
+    with ``parallelize``'s ``options`` (``reduction``, ``overlap``); the layout of its inputs' spatial
+    dims (global extents ``shape``)."""
     size = drift.comm.world_size()
     if size == 1:
         return Layout(shape)
     mesh, placements = grid_mesh(slab(shape, size), rank_device().type)
-    parallelize(model, mesh, [Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements])
+    parallelize(model, mesh, [Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements], **options)
     return Layout(shape, mesh, placements)
 
 
@@ -99,14 +100,15 @@ def _time_passes(
 
 
 def block_worker(cases: Sequence[tuple], warmup: int, iters: int, backward: bool) -> list[dict[str, Any]]:
-    """On every rank: time one FNO block per case ``(shape, modes, width, method)``, one after another in
-    this process (a group start costs seconds); per case this rank's samples, phases and collectives."""
+    """On every rank: time one FNO block per case ``(shape, modes, width, method)`` or ``(shape, modes,
+    width, method, options)`` (``parallelize``'s options), one after another in this process (a group
+    start costs seconds); per case this rank's samples, phases and collectives."""
     results = []
-    for shape, modes, width, method in cases:
+    for shape, modes, width, method, *options in cases:
         torch.manual_seed(0)
         conv = SpectralConv(width, width, modes, method=method, device=rank_device())
         linear = PointwiseLinear(width, width, device=rank_device())
-        layout = distribute(nn.ModuleList([conv, linear]), shape)
+        layout = distribute(nn.ModuleList([conv, linear]), shape, **(options[0] if options else {}))
         block = functools.partial(fno_block, conv, linear, layout=layout)
         results.append(_rank_result(*_time_passes(block, random_input(layout, width), warmup, iters, backward)))
     return results

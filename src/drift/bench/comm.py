@@ -55,6 +55,7 @@ from drift.bench.output import positive_int, shape_arg
 from drift.bench.runner import barrier, bench_device, rank_zero, spread
 from drift.launch import rank_device, run_ranks
 from drift.nn import FNO, METHODS
+from drift.nn.auto import factorisations
 from drift.profiling import synchronize_device
 from drift.truncated import best_order, folded_rows, mode_lists
 
@@ -400,14 +401,6 @@ def projection_grid(shape: Sequence[int], kept: Sequence[int], size: int) -> tup
     if left > 1:
         raise ValueError(f"{size} ranks cannot split {tuple(shape)} with at least k modes per block")
     return tuple(grid)
-
-
-def factorisations(size: int) -> list[tuple[int, ...]]:
-    """Every reduction mesh shape of ``size`` ranks: the ordered factorisations into factors >= 2
-    (``(size,)`` itself, the flat reduction, among them; ``()`` for one rank)."""
-    if size == 1:
-        return [()]
-    return [(f, *rest) for f in range(2, size + 1) if size % f == 0 for rest in factorisations(size // f)]
 
 
 def reduction_seconds(model: Fit, shape: Sequence[int], nbytes: float) -> float:

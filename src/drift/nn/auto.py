@@ -6,19 +6,27 @@ inverse of ``out`` channels; the channel mixing is the same for every method and
 - "drift": the partial-DFT contractions on the local block in the orders its plans choose (the forward's
   and the inverse's, ``drift.truncated.best_order`` with their copy weights), at the machine's matmul
   rate; one reduce-scatter of the ``in x M`` spectrum per split dim and one all-gather of the ``out x M``
-  one back (ring terms, ``Machine.collective_s``).
+  one back (``Machine.collective_s``), one per level of its reduction mesh when it has one
+  (``choose_reduction`` finds the fastest).
 - "dfno-pruned": 1-D FFTs dim by dim from the last, each truncated to its kept modes before the next
   (2.5 n log2 n FLOPs per real line of n, 5 n log2 n per complex one), split evenly over the ranks, at
   the machine's FFT rate; per split dim one all-to-all each way of the field with every other dim
   already truncated.
 
 "dfno" (Grady et al.'s baseline, which moves the whole field) is never faster than "dfno-pruned" and
-is not a candidate. The model is a model: it decides between methods whose costs differ by large
+is not a candidate.
+
+On several hosts (``Machine.hosts``) a collective whose group spans hosts is timed by what crosses
+each host's link: latency steps at the link's alpha, and the bytes every group of the mesh dim sends
+out of a host at once at its beta (a ring sends (P - 1) / P of the vector out of a host per group, an
+all-to-all q (P - q) / P of it with q of the group's ranks on the host). Ranks are numbered host by
+host, as torchrun numbers them. The model is a model: it decides between methods whose costs differ by large
 factors (k << N against every mode kept), not between near-equal ones.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -27,20 +35,36 @@ from dataclasses import dataclass
 import torch
 
 from drift.errors import PlanError
+from drift.layout import split_reduction
 from drift.truncated import FORWARD_COPY_FLOPS, INVERSE_COPY_FLOPS, ModeSpec, best_order, folded_rows, mode_lists
 
 CANDIDATES = ("drift", "dfno-pruned")
 
 
 @dataclass(frozen=True)
+class Hosts:
+    """The hosts the ranks run on: ``ranks_per_host`` consecutive ranks on each, joined by links of
+    ``alpha_s`` seconds per latency step and ``beta_s_per_byte`` per byte through a host's link."""
+
+    ranks_per_host: int
+    alpha_s: float
+    beta_s_per_byte: float
+
+
+@dataclass(frozen=True)
 class Machine:
     """Rates of the machine a model runs on: dense matmul and FFT FLOP/s (FFT FLOPs counted as 5 n log2 n
-    per complex line of n), seconds per collective latency step (alpha) and per byte a rank sends (beta)."""
+    per complex line of n), seconds per collective latency step (alpha) and per byte a rank sends (beta)
+    between ranks of a host; ``hosts``: the hosts and the links between them (None: one host);
+    ``pairwise_reduce_scatter``: drift's reduce-scatter runs as an all-to-all and a local sum (on CPU
+    ranks, ``drift.comm``), not as a ring."""
 
     matmul_flops_per_s: float
     fft_flops_per_s: float
     alpha_s: float
     beta_s_per_byte: float
+    hosts: Hosts | None = None
+    pairwise_reduce_scatter: bool = False
 
     @classmethod
     def default(cls, device_type: str = "cpu") -> Machine:
@@ -52,10 +76,12 @@ class Machine:
         bound, taken at a quarter of that: not measured here, so ``measure`` on the GPU where it matters)."""
         if device_type == "cuda":
             return cls(7.8e11, 1.95e11, 1.65e-4, 1.53e-10)
-        return cls(5e10, 5e9, 1e-3, 1.5e-9)
+        return cls(5e10, 5e9, 1e-3, 1.5e-9, pairwise_reduce_scatter=True)
 
     @classmethod
-    def measure(cls, device: torch.device | str = "cpu", *, alpha_s: float, beta_s_per_byte: float) -> Machine:
+    def measure(
+        cls, device: torch.device | str = "cpu", *, alpha_s: float, beta_s_per_byte: float, hosts: Hosts | None = None
+    ) -> Machine:
         """The matmul and FFT kernel rates measured here (a thin complex gemm and batched complex FFTs,
         best of 3), with the given collective terms. Kernel rates leave out the copies and truncations
         around a plan's FFTs, which ``default`` counts. Measured rates differ between ranks and runs:
@@ -66,16 +92,27 @@ class Machine:
         lines = torch.randn(4096, 256, dtype=torch.complex64, device=device)
         matmul = _best_seconds(lambda: a @ b, device) / (8 * 4096 * 256 * 16)
         fft = _best_seconds(lambda: torch.fft.fft(lines), device) / (5 * 4096 * 256 * math.log2(256))
-        return cls(1 / matmul, 1 / fft, alpha_s, beta_s_per_byte)
+        return cls(1 / matmul, 1 / fft, alpha_s, beta_s_per_byte, hosts, pairwise_reduce_scatter=device.type == "cpu")
 
-    def collective_s(self, kind: str, ranks: int, nbytes: float) -> float:
-        """Ring model of one collective over ``ranks`` on an ``nbytes`` buffer (the whole, all ranks'
-        shares): (P - 1) alpha + (P - 1) / P n beta for a reduce-scatter, all-gather or all-to-all."""
-        if ranks == 1:
-            return 0.0
+    def collective_s(self, kind: str, ranks: int, nbytes: float, stride: int = 1) -> float:
+        """Seconds of one collective over a group of ``ranks`` ranks ``stride`` apart (a mesh dim's group,
+        every group of that dim at once) on an ``nbytes`` buffer (the whole, all ranks' shares). Within a
+        host: (P - 1) alpha + (P - 1) / P n beta for a reduce-scatter, all-gather or all-to-all. Across
+        hosts: (P - 1) alpha_h + B beta_h, B the bytes out of each host (the module docstring)."""
         if kind not in ("reduce_scatter", "all_gather", "all_to_all"):
             raise ValueError(f"no model for collective {kind!r}")
-        return (ranks - 1) * self.alpha_s + (ranks - 1) / ranks * nbytes * self.beta_s_per_byte
+        if ranks == 1:
+            return 0.0
+        per_host = self.hosts.ranks_per_host if self.hosts is not None else ranks * stride
+        on_host = max(1, min(ranks, per_host // stride))  # the group's ranks on each of its hosts
+        if on_host == ranks:
+            return (ranks - 1) * self.alpha_s + (ranks - 1) / ranks * nbytes * self.beta_s_per_byte
+        groups = per_host // on_host  # the dim's groups that share a host's link
+        if kind == "all_to_all" or (kind == "reduce_scatter" and self.pairwise_reduce_scatter):
+            out = groups * on_host * (ranks - on_host) / ranks * nbytes
+        else:
+            out = groups * (ranks - 1) / ranks * nbytes
+        return (ranks - 1) * self.hosts.alpha_s + out * self.hosts.beta_s_per_byte
 
 
 def _best_seconds(fn, device: torch.device, repeats: int = 3) -> float:
@@ -128,6 +165,60 @@ class MethodChoice:
         return f"auto chose {self.method} at {where} on {split} ranks: " + ", ".join(map(str, self.costs))
 
 
+def factorisations(size: int) -> list[tuple[int, ...]]:
+    """Every reduction mesh shape of ``size`` ranks: the ordered factorisations into factors >= 2
+    (``(size,)`` itself, the flat reduction, among them; ``()`` for one rank)."""
+    if size == 1:
+        return [()]
+    return [(f, *rest) for f in range(2, size + 1) if size % f == 0 for rest in factorisations(size // f)]
+
+
+def reduction_levels(parts: Sequence[int], reduction: Sequence[int] | None = None) -> list[list[tuple[int, int]]]:
+    """Per split dim (``parts`` > 1, in order), the ``(ranks, stride)`` of each level of drift's reduction
+    of it, outermost first: the dims of ``reduction`` that split it (``drift.layout.split_reduction``),
+    or the dim itself without one. Ranks are numbered with the last level fastest."""
+    split = [p for p in parts if p > 1]
+    shape = tuple(split) if reduction is None else tuple(reduction)
+    stride, levels = math.prod(shape), []
+    for dims in split_reduction(shape, split):
+        levels.append([])
+        for d in dims:
+            stride //= shape[d]
+            levels[-1].append((shape[d], stride))
+    return levels
+
+
+def _drift_comm(machine: Machine, levels, in_channels: int, out_channels: int, spectrum_bytes: float):
+    """Bytes each rank sends and seconds of drift's reduce-scatters (``in`` channels) and all-gathers
+    (``out``) of a ``spectrum_bytes`` spectrum per channel over ``reduction_levels``."""
+    sent, seconds, share = 0.0, 0.0, 1
+    for dim in levels:
+        for kind, channels in (("reduce_scatter", in_channels), ("all_gather", out_channels)):
+            nbytes = channels * spectrum_bytes / share
+            for ranks, stride in reversed(dim):  # the all-gather mirrors the reduce-scatter's sizes
+                seconds += machine.collective_s(kind, ranks, nbytes, stride)
+                sent += (ranks - 1) / ranks * nbytes
+                nbytes /= ranks
+        share *= math.prod(ranks for ranks, _ in dim)
+    return sent, seconds
+
+
+def choose_reduction(
+    parts: Sequence[int], spectrum_bytes: float, *, in_channels: int, out_channels: int, machine: Machine
+) -> tuple[int, ...] | None:
+    """The reduction mesh shape (``parallelize``'s ``reduction``) with which drift's collectives of a
+    ``spectrum_bytes`` spectrum per channel over split dims of ``parts`` ranks are modelled fastest: per
+    split dim one of its ``factorisations``; None (one level per split dim) unless another is faster."""
+    split = [p for p in parts if p > 1]
+    best, best_s = None, _drift_comm(machine, reduction_levels(parts), in_channels, out_channels, spectrum_bytes)[1]
+    for shape in itertools.product(*(factorisations(p) for p in split)):
+        flat = tuple(f for dim in shape for f in dim)
+        seconds = _drift_comm(machine, reduction_levels(parts, flat), in_channels, out_channels, spectrum_bytes)[1]
+        if seconds < best_s * (1 - 1e-9):
+            best, best_s = flat, seconds
+    return best
+
+
 def method_costs(
     global_shape: Sequence[int],
     modes: Sequence[ModeSpec],
@@ -138,9 +229,11 @@ def method_costs(
     real: bool = True,
     complex_bytes: int = 8,
     machine: Machine,
+    reduction: Sequence[int] | None = None,
 ) -> list[MethodCost]:
     """The modelled forward cost of each candidate for one sample of ``global_shape`` split ``parts``
-    ways per dim (1: whole), cheapest first. ValueError if ``modes`` do not fit ``global_shape``."""
+    ways per dim (1: whole; ranks numbered with the last split dim fastest), cheapest first, drift with
+    ``reduction`` (a reduction mesh shape). ValueError if ``modes`` do not fit ``global_shape``."""
     shape, parts = tuple(global_shape), tuple(parts)
     lists = mode_lists(tuple(modes), shape, real)
     kept = [len(m) for m in lists]
@@ -150,13 +243,8 @@ def method_costs(
     forward_flops = best_order(local, kept, real, FORWARD_COPY_FLOPS, rows)[1]
     inverse_flops = best_order(local, kept, real, INVERSE_COPY_FLOPS, rows)[1]
     drift_flops = in_channels * forward_flops + out_channels * inverse_flops
-    drift_bytes, drift_comm, share = 0.0, 0.0, 1
-    for p in (p for p in parts if p > 1):
-        for kind, c in (("reduce_scatter", in_channels), ("all_gather", out_channels)):
-            nbytes = c * modes_total * complex_bytes / share
-            drift_comm += machine.collective_s(kind, p, nbytes)
-            drift_bytes += (p - 1) / p * nbytes
-        share *= p
+    levels = reduction_levels(parts, reduction)
+    drift_bytes, drift_comm = _drift_comm(machine, levels, in_channels, out_channels, modes_total * complex_bytes)
 
     fft_flops, volume = 0.0, math.prod(shape)
     for dim in reversed(range(len(shape))):
@@ -168,10 +256,10 @@ def method_costs(
     dfno_bytes, dfno_comm = 0.0, 0.0
     # When a split dim is transformed every whole dim already is, and truncated.
     moved = math.prod(n if p > 1 else k for n, k, p in zip(shape, kept, parts, strict=True))
-    for p in (p for p in parts if p > 1):
+    for ((p, stride),) in reduction_levels(parts):
         for c in (in_channels, out_channels):
             nbytes = c * moved * complex_bytes / ranks  # each rank's block, (p - 1) / p of it sent
-            dfno_comm += machine.collective_s("all_to_all", p, nbytes)
+            dfno_comm += machine.collective_s("all_to_all", p, nbytes, stride)
             dfno_bytes += (p - 1) / p * nbytes
     costs = [
         MethodCost("drift", drift_flops, drift_bytes, drift_flops / machine.matmul_flops_per_s, drift_comm),

@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from drift import comm
 from drift.layout import reduction_mesh
-from drift.nn.auto import Machine
+from drift.nn.auto import Machine, choose_reduction
 from drift.nn.factorized import FactorizedWeight
 from drift.nn.replicated import Replicated
 from drift.nn.spectral import AUTO, SpectralConv
@@ -50,7 +50,7 @@ def parallelize(
     mesh,
     placements: Sequence,
     *,
-    reduction: Sequence[int] | DeviceMesh | None = None,
+    reduction: Sequence[int] | DeviceMesh | str | None = None,
     overlap: int = 1,
     global_shape: Sequence[int] | None = None,
     machine: Machine | None = None,
@@ -76,7 +76,10 @@ def parallelize(
     a sample (a mesh shape such as ``(nodes, ranks_per_node)`` or a ``drift.reduction_mesh``; see
     ``drift.TruncatedFFT``), made once here for every layer. It leaves every rank's share, and so the
     weights, their placements and state dicts, as they are without it. ValueError before any
-    collective when it does not factor that rank count or a spectral layer is not "drift".
+    collective when it does not factor that rank count or a spectral layer is not "drift". ``"auto"``:
+    the shape ``drift.nn.auto.choose_reduction`` models fastest on ``machine`` (on several hosts,
+    ``Machine.hosts``: often within hosts, then across), none when a layer's ``method="auto"`` becomes
+    another method; it needs ``global_shape``.
 
     ``overlap``: the "drift" layers' spectrum collectives in this many pieces, each overlapping the next
     piece's transform (``drift.TruncatedFFT``'s ``overlap``; 1: none). ValueError before any collective
@@ -94,9 +97,15 @@ def parallelize(
     placements = tuple(Shard(p.dim % (2 + d)) if isinstance(p, Shard) else p for p in placements)
     split = [any(placements[a].dim == 2 + i and mesh.size(a) > 1 for a in spatial_axes) for i in range(d)]
     layers = [m for m in model.modules() if isinstance(m, SpectralConv)]
+    chosen_reduction = isinstance(reduction, str)
+    if chosen_reduction:
+        reduction = _choose_reduction(layers, mesh, placements, spatial_axes, global_shape, machine, reduction)
     if any(m.method == AUTO for m in layers):
-        drift_only = reduction is not None or overlap != 1
-        _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, drift_only)
+        drift_only = (reduction is not None and not chosen_reduction) or overlap != 1
+        where = (mesh, placements, spatial_axes, global_shape, machine, split)
+        _choose_methods(layers, *where, drift_only, reduction)
+        if chosen_reduction and any(m.method != "drift" for m in layers):
+            reduction = None  # the model found a method that takes no reduction mesh faster
     for module in layers:
         module.check_padding_split(split)
     handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | Replicated) for p in m.parameters()}
@@ -141,22 +150,43 @@ def parallelize(
     return model
 
 
-def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, drift_only) -> None:
-    """Resolve the ``method="auto"`` layers for inputs of ``global_shape`` on this mesh (the same choice
-    on every rank: the model is deterministic); ValueError without ``global_shape``."""
+def _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, what: str) -> list[int]:
+    """Ranks per spatial dim of the inputs; ValueError without ``global_shape`` (``what`` needs it)."""
     d = layers[0].ndim
     if global_shape is None or len(global_shape) != d:
         raise ValueError(
-            f"method='auto' chooses by the grid: pass parallelize(..., global_shape=) the {d} spatial extents "
+            f"{what} chooses by the grid: pass parallelize(..., global_shape=) the {d} spatial extents "
             f"of the inputs, got {global_shape!r}"
         )
-    parts = [math.prod(mesh.size(a) for a in spatial_axes if placements[a].dim == 2 + i) for i in range(d)]
+    return [math.prod(mesh.size(a) for a in spatial_axes if placements[a].dim == 2 + i) for i in range(d)]
+
+
+def _choose_reduction(layers, mesh, placements, spatial_axes, global_shape, machine, reduction: str):
+    """``reduction="auto"``: the reduction mesh shape ``drift.nn.auto.choose_reduction`` models fastest for
+    the first spectral layer's spectrum (None: one level per mesh dim)."""
+    if reduction != AUTO:
+        raise ValueError(f"reduction must be a mesh shape, a reduction mesh, None or 'auto', got {reduction!r}")
+    parts = _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, "reduction='auto'")
+    layer = layers[0]
+    padded = [n + b + a for n, (b, a) in zip(global_shape, layer.padding_at(global_shape), strict=True)]
+    spectrum_bytes = math.prod(len(m) for m in layer.modes_at(padded)) * 2 * torch.finfo(layer._precision()).bits // 8
     machine = machine or Machine.default(mesh.device_type)
+    channels = dict(in_channels=layer.in_channels, out_channels=layer.out_channels)
+    return choose_reduction(parts, spectrum_bytes, **channels, machine=machine)
+
+
+def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, drift_only, reduction):
+    """Resolve the ``method="auto"`` layers for inputs of ``global_shape`` on this mesh, drift costed with
+    ``reduction`` (the same choice on every rank: the model is deterministic); ValueError without
+    ``global_shape``."""
+    parts = _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, "method='auto'")
+    machine = machine or Machine.default(mesh.device_type)
+    shape = tuple(reduction.shape) if isinstance(reduction, DeviceMesh) else reduction
     for layer in (m for m in layers if m.method == AUTO):
         # dfno-pruned cannot pad a split dim, nor take drift's reduction or overlap, nor split every dim.
         padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
         excluded = ("dfno-pruned",) if padded_split or drift_only or all(split) else ()
-        layer.choose_method(tuple(global_shape), parts, machine, excluded)
+        layer.choose_method(tuple(global_shape), parts, machine, excluded, reduction=shape)
 
 
 def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple:

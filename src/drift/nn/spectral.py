@@ -292,9 +292,17 @@ class SpectralConv(ComplexModule):
         self.plans[key] = plan
         return plan
 
-    def choose_method(self, global_shape: Sequence[int], parts: Sequence[int], machine: Machine, excluded=()) -> None:
-        """Resolve ``method="auto"`` for inputs of ``global_shape`` split ``parts`` ways per dim: the
-        candidate ``drift.nn.auto.choose_method`` models fastest becomes ``method``, its reasons ``choice``."""
+    def choose_method(
+        self,
+        global_shape: Sequence[int],
+        parts: Sequence[int],
+        machine: Machine,
+        excluded=(),
+        reduction: Sequence[int] | None = None,
+    ) -> None:
+        """Resolve ``method="auto"`` for inputs of ``global_shape`` split ``parts`` ways per dim (drift with
+        ``reduction``, a reduction mesh shape): the candidate ``drift.nn.auto.choose_method`` models
+        fastest becomes ``method``, its reasons ``choice``."""
         if self.method != AUTO:
             raise ValueError(f"choose_method resolves method='auto'; this layer's method is {self.method!r}")
         padding = self.padding_at(global_shape)
@@ -309,6 +317,7 @@ class SpectralConv(ComplexModule):
             complex_bytes=2 * torch.finfo(self._precision()).bits // 8,
             machine=machine,
             excluded=excluded,
+            reduction=reduction,
         )
         self.method = self.choice.method
 
