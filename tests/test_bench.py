@@ -277,7 +277,7 @@ def test_bench_scaling(tmp_path):
     assert all(r["completed"] and r["forward"]["n"] == 2 and r["backward"]["median"] > 0 for r in rows)
     assert {tuple(r["shape"]) for r in rows if r["scaling"] == "weak"} == {(16, 16, 8, 6)}
     drift_row = next(r for r in rows if r["method"] == "drift")
-    assert [k for k, _ in drift_row["collectives"]] == ["reduce_scatter", "all_gather"]
+    assert [(c[0], c[2]) for c in drift_row["collectives"]] == [("reduce_scatter", 2), ("all_gather", 2)]
     assert (out / "scaling_strong.png").exists() and (out / "scaling_weak.png").exists()
 
 

@@ -86,7 +86,7 @@ def _time_passes(
             seconds = timed(lambda: forward(inputs))
         forwards.append(seconds)
         phases.append(_split_phases({**prof, **(extra or {})}, log, seconds))
-        calls = [(c.kind, c.bytes) for c in log.calls]
+        calls = [(c.kind, c.bytes, c.group_size) for c in log.calls]
     backwards = []
     if backward:
         x = inputs.detach().requires_grad_(True)
@@ -173,7 +173,7 @@ def summarise(ranks: list[dict]) -> dict[str, Any]:
         "backward": spread(ranks[0]["backward_s"]) if ranks[0]["backward_s"] else None,
         "phases_s": phases,
         "collectives": ranks[0]["collectives"],
-        "payload_bytes": sum(b for _, b in ranks[0]["collectives"]),
+        "payload_bytes": sum(c[1] for c in ranks[0]["collectives"]),
         "peak_gb_per_rank": [r["peak_gb"] for r in ranks],
     }
 
