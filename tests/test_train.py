@@ -399,6 +399,10 @@ def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     one = train(_config(data, tmp_path / "one", epochs=2))
     assert _close(_losses(rows), _losses(one), 1e-5)
+    # Options every rank refuses alike: one line from the host, not one a rank.
+    bad = subprocess.run([*cmd, "--reduction", "3x1"], capture_output=True, text=True, timeout=300)
+    lines = [line for line in bad.stderr.splitlines() if line.startswith("drift train: error:")]
+    assert bad.returncode != 0 and len(lines) == 1 and "--reduction 3x1" in lines[0], bad.stderr
 
 
 def test_method_auto_chooses_by_the_data_grid(ranks, data, tmp_path):

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,6 +67,19 @@ def _generate(args: argparse.Namespace) -> int:
 def _fail(command: str, message: str) -> int:
     print(f"drift {command}: error: {message}", file=sys.stderr)
     return 2
+
+
+def _first_on_host(message: str) -> bool:
+    """Under torchrun, whether this rank is the first of its host to report ``message``: the ranks check
+    the same options and data and meet the same failure, which their host reports once. A marker file
+    per message, job, host and restart (torchrun's environment) in the host's temporary folder decides."""
+    keys = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT")
+    key = hashlib.sha256("\0".join([*(os.environ.get(k, "") for k in keys), message]).encode()).hexdigest()[:20]
+    try:
+        os.close(os.open(Path(tempfile.gettempdir()) / f"drift-reported-{key}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 FAILURE_LOG = "failure.log"
@@ -258,6 +274,8 @@ def _train(args: argparse.Namespace) -> int:
     except RankError as exc:
         return _fail("train", _rank_failure(exc, config.out, expected))
     except expected as exc:
+        if launched() and not _first_on_host(str(exc)):
+            return 2
         return _fail("train", str(exc))
     if isinstance(history, Stopped):
         print(f"drift train: {history}", file=sys.stderr)
