@@ -28,6 +28,9 @@ from drift.train import META_KEYS
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread a rank everywhere: runs compare bit for bit
 PORT = 29400 + os.getpid() % 500
 AGENT_S = 300  # a generous bound on one agent's run: a hang fails the test
+# The elastic tests bound their collectives with --collective-timeout (the fixed-size partition test keeps
+# the floor): what they test is the side that goes on, not the bound.
+ELASTIC_TIMEOUT_S = 20
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +51,12 @@ def _reference(out: Path, data: str, *args: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+def six(tmp_path_factory, data):
+    """``drift train --nproc 4`` on one host, 6 epochs: the rows the elastic jobs end with."""
+    return _reference(tmp_path_factory.mktemp("six") / "run", data, "--epochs", "6", "--nproc", "4")
+
+
+@pytest.fixture(scope="module")
 def four(tmp_path_factory, data):
     """``drift train --nproc 4`` on one host, 3 epochs: the rows every 4-rank layout must give."""
     return _reference(tmp_path_factory.mktemp("four") / "run", data, "--epochs", "3", "--nproc", "4")
@@ -61,7 +70,9 @@ def _torchrun(hosts: Hosts, i: int, nnodes: str, rendezvous: str, train: list[st
         cmd += ["--node-rank", str(i), "--master-addr", hosts.address(0), "--master-port", str(PORT)]
     else:
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.address(0)}:{PORT}", "--rdzv-id", "drift"]
-        cmd += ["--local-addr", hosts.address(i), *(["--rdzv-conf", "is_host=1"] if i == 0 else [])]
+        # An elastic job's rendezvous waits last_call_timeout (30 s) for more hosts once it has its minimum.
+        conf = [*(["is_host=1"] if i == 0 else []), *(["last_call_timeout=5"] if ":" in nnodes else [])]
+        cmd += ["--local-addr", hosts.address(i), *(["--rdzv-conf", ",".join(conf)] if conf else [])]
     return [*cmd, "-m", "drift", *train]
 
 
@@ -171,11 +182,10 @@ def test_a_partition_ends_a_fixed_size_job_on_every_host(data, tmp_path):
     assert usable_checkpoint(out / "checkpoints", META_KEYS) == Path(lines[0].rsplit(": ", 1)[1])
 
 
-def test_an_elastic_job_goes_on_at_the_stores_side_of_a_partition(data, tmp_path):
+def test_an_elastic_job_goes_on_at_the_stores_side_of_a_partition(data, six, tmp_path):
     out = tmp_path / "run"
-    reference = _reference(tmp_path / "whole", data, "--epochs", "8", "--nproc", "4")
     with Hosts(2) as hosts:
-        train = _run(data, out, "--epochs", "8")
+        train = _run(data, out, "--epochs", "6", "--collective-timeout", str(ELASTIC_TIMEOUT_S))
         elastic = ("--max-restarts", "1")
         agents = _start(hosts, [_torchrun(hosts, i, "1:2", "c10d", train, *elastic) for i in range(2)])
         _wait_for(out / "checkpoints" / "epoch-0002", agents)
@@ -185,23 +195,22 @@ def test_an_elastic_job_goes_on_at_the_stores_side_of_a_partition(data, tmp_path
         stranded_s = time.monotonic() - cut
         (code0, err0), (code1, err1) = _finish(agents)
     assert code0 == 0, err0
-    assert stranded_s <= FLOOR_S + 30, stranded_s
+    assert stranded_s <= ELASTIC_TIMEOUT_S + 30, stranded_s
     lines = _lines(err1)
     assert len(lines) == 1 and f"node 0 ({hosts.address(0)}: ranks 0, 1) stopped answering" in lines[0], err1
     assert "is out of reach too: this host leaves the job" in lines[0]
     # The store's side resumed at its own 2 ranks from the newest checkpoint and finished.
     rows = _rows(out)
-    assert [r["epoch"] for r in rows] == list(range(1, 9))
-    for got, want in zip(rows, reference, strict=True):
+    assert [r["epoch"] for r in rows] == list(range(1, 7))
+    for got, want in zip(rows, six, strict=True):
         for key in ("train_loss", "test_rel_l2"):
             assert abs(got[key] - want[key]) <= 1e-5 * abs(want[key]), (key, got, want)
 
 
-def test_a_lost_host_leaves_an_elastic_job_to_the_survivors(data, tmp_path):
+def test_a_lost_host_leaves_an_elastic_job_to_the_survivors(data, six, tmp_path):
     out = tmp_path / "run"
-    reference = _reference(tmp_path / "whole", data, "--epochs", "6", "--nproc", "4")
     with Hosts(2) as hosts:
-        train = _run(data, out, "--epochs", "6")
+        train = _run(data, out, "--epochs", "6", "--collective-timeout", str(ELASTIC_TIMEOUT_S))
         agents = _start(hosts, [_torchrun(hosts, i, "1:2", "c10d", train, "--max-restarts", "1") for i in range(2)])
         _wait_for(out / "checkpoints" / "epoch-0002", agents)
         for pid in subprocess.run(
@@ -211,7 +220,7 @@ def test_a_lost_host_leaves_an_elastic_job_to_the_survivors(data, tmp_path):
         (code0, err0), _ = _finish(agents)
     assert code0 == 0, err0
     rows = _rows(out)
-    for got, want in zip(rows, reference, strict=True):
+    for got, want in zip(rows, six, strict=True):
         for key in ("train_loss", "test_rel_l2"):
             assert abs(got[key] - want[key]) <= 1e-5 * abs(want[key]), (key, got, want)
     assert _checkpoints(out)[1] == "epoch-0006"
