@@ -13,11 +13,12 @@ one launch
    from the within-host groups, the link's from the across-host ones; least squares in relative error)
    and predicts the odd-numbered sizes of those groups and every size of the all-rank group, which is
    never fitted;
-4. times one FNO block (``drift.bench.blocks.block_worker``: the forward, and forward plus backward: the
-   block's part of a training step) per variant, interleaved in ``--rounds`` rounds: dfno, dfno-pruned,
-   drift flat, drift with a two-level reduction, each drift with ``overlap``, and ``method="auto",
-   reduction="auto"`` on the fitted machine; and counts the bytes that crossed the link per forward at
-   the interfaces (the kernel's counters of each host's ``eth0``).
+4. times one FNO block (``drift.bench.blocks.block_worker``) per variant, interleaved in ``--rounds``
+   rounds: dfno, dfno-pruned, drift flat, drift with a two-level reduction, each drift with ``overlap``,
+   and ``method="auto", reduction="auto"`` on the fitted machine: its forward every round; in the first
+   round (``--steps``) also forward plus backward, the block's part of a training step, and the bytes
+   that cross the link per forward, counted at the interfaces (the kernel's counters of each host's
+   ``eth0`` around ``--repeats`` forwards of a block already built and warm).
 
 The driver then predicts each unoverlapped variant's block forward on the limited link: its computation
 (the forward less its collectives, measured on the unlimited link) plus the fitted model's time of the
@@ -204,6 +205,37 @@ def _sweep(sizes: list[int], repeats: int, per_host: int) -> list[dict]:
     return rows
 
 
+def _wire_per_forward(case: tuple, repeats: int, first_on_host: bool) -> float:
+    """Bytes that cross the link in one block forward: the hosts' interface counters around ``repeats``
+    forwards of the block ``case`` (built and warmed up before, as ``block_worker`` builds it)."""
+    import functools
+
+    import torch
+
+    from drift import comm
+    from drift.bench import blocks
+    from drift.launch import rank_device
+    from drift.nn import PointwiseLinear, SpectralConv, fno_block
+
+    shape, modes, width, method, options = case
+    torch.manual_seed(0)
+    conv = SpectralConv(width, width, modes, method=method, device=rank_device())
+    linear = PointwiseLinear(width, width, device=rank_device())
+    layout = blocks.distribute(torch.nn.ModuleList([conv, linear]), shape, **options)
+    block = functools.partial(fno_block, conv, linear, layout=layout)
+    x = blocks.random_input(layout, width)
+    with torch.no_grad():
+        block(x)
+        comm.barrier()
+        before = _wire_bytes() if first_on_host else 0
+        for _ in range(repeats):
+            block(x)
+        comm.barrier()
+    crossed = _wire_bytes() - before if first_on_host else 0
+    # Each byte leaves one host and enters another: counted once at each; the barriers' bytes are few.
+    return sum(comm.all_gather_object(crossed)) / 2 / repeats
+
+
 def worker(args: argparse.Namespace) -> None:
     """On every rank: the probe, the sweep, the fit (rank 0), the blocks; rank 0 writes the results."""
     import torch
@@ -232,16 +264,12 @@ def worker(args: argparse.Namespace) -> None:
             for name, (method, options) in named.items():
                 if method == "auto":
                     options = {**options, "global_shape": shape, "machine": machine}
-                comm.barrier()
-                before = _wire_bytes() if first_on_host else 0
                 case = (shape, tuple(args.modes), args.width, method, options)
                 (mine,) = blocks.block_worker([case], 1, args.repeats, False)
-                comm.barrier()
-                crossed = _wire_bytes() - before if first_on_host else 0
-                (step,) = blocks.block_worker([case], 1, args.repeats, True) if args.steps else (None,)
+                first_round = not rows[name]
+                (step,) = blocks.block_worker([case], 1, args.repeats, True) if args.steps and first_round else (None,)
+                wire = _wire_per_forward(case, args.repeats, first_on_host) if first_round else None
                 ranks = comm.all_gather_object(mine)
-                # Each byte leaves one host and enters another; a warm-up and the timed passes ran.
-                wire = sum(comm.all_gather_object(crossed)) / 2 / (1 + args.repeats)
                 summary = blocks.summarise(ranks)
                 forward = summary["forward"]["median"]
                 rows[name].append(
