@@ -188,6 +188,61 @@ def _fft_inplace(t: torch.Tensor, dims: tuple[int, ...], inverse: bool, norm: st
             chunk.copy_(fft(chunk, dim=dim, norm=norm))
 
 
+def _split_axes(layout: Layout) -> tuple[int | None, ...]:
+    """The mesh dim splitting each transformed dim; a dim over a mesh dim of one rank is whole (None).
+    ValueError when every dim is split: the transposes need a whole dim."""
+    if all(p > 1 for p in layout.parts):
+        raise ValueError(f"placements {layout.placements} split every dim: at least one dim must be whole")
+    return tuple(a if a is not None and layout.axis_size(a) > 1 else None for a in layout.axes)
+
+
+def _order(axis: list, axis_size, output_shape: Sequence[int], r2c: bool):
+    """The schedule's events in turn, updating ``axis`` (the mesh dim splitting each dim) as it goes:
+    ``("local", dims)``, a local transform of the whole dims not yet transformed, and ``("swap", split,
+    whole, mesh dim)``, a transpose that makes ``split`` whole and splits ``whole`` over that mesh dim.
+    Depends only on the split, the ranks per mesh dim and the output extents (the kept modes of a pruned
+    plan), not on the resolution."""
+    d, transformed = len(axis), set()
+
+    def swap(split: int, candidates):
+        a = axis[split]
+        # A whole dim is always among the candidates (the whole dims are as many as at the start, and
+        # transformed by now). One whose output every rank gets a part of is preferred; a shorter one
+        # leaves trailing blocks empty (torch.chunk), which every step handles. Judging by the output
+        # extent keeps a pruned plan's output placements the same at every resolution.
+        whole_dims = [j for j in candidates if axis[j] is None]
+        whole = max([j for j in whole_dims if output_shape[j] >= axis_size(a)] or whole_dims)
+        axis[whole], axis[split] = a, None
+        return ("swap", split, whole, a)
+
+    if r2c and axis[d - 1] is not None:
+        # The real-to-complex transform must come first, on the real last dim: make it whole.
+        yield swap(d - 1, range(d - 1))
+    while True:
+        local = tuple(i for i in range(d) if axis[i] is None and i not in transformed)
+        yield ("local", local)
+        transformed.update(local)
+        pending = [i for i in range(d) if i not in transformed]
+        if not pending:
+            return
+        yield swap(max(pending), transformed)
+
+
+def _placements(axis: Sequence[int | None], mesh_dims: int) -> tuple:
+    return tuple(Shard(axis.index(a)) if a in axis else Replicate() for a in range(mesh_dims))
+
+
+def pruned_output_placements(mesh, placements: Sequence, mode_shape: Sequence[int], real: bool) -> tuple:
+    """Where a pruned ``DistributedFFT`` (``modes`` kept, ``mode_shape`` of them; r2c when ``real``) over
+    ``mesh`` with input ``placements`` leaves its output: its ``output_placements`` at any resolution,
+    without building it."""
+    layout = Layout(mode_shape, mesh, placements)
+    axis = list(_split_axes(layout))
+    for _ in _order(axis, layout.axis_size, tuple(mode_shape), real):
+        pass
+    return _placements(axis, len(layout.placements))
+
+
 class DistributedFFT(ComplexModule):
     """A resident plan for the full distributed transform of the last d dims of sharded blocks.
 
@@ -237,8 +292,7 @@ class DistributedFFT(ComplexModule):
             raise ValueError(f"norm for kind {kind!r} must be one of {norms}, got {norm!r}")
         self.layout = Layout(global_shape, mesh, placements)
         self.global_shape = self.layout.global_shape
-        if all(p > 1 for p in self.layout.parts):
-            raise ValueError(f"placements {self.layout.placements} split every dim: at least one dim must be whole")
+        _split_axes(self.layout)  # ValueError before anything is built when every dim is split
         self.kind, self.norm, self.inplace, self.strict = kind, norm, inplace, strict
         device = resolve_device(device)
         # An empty buffer that carries the plan's precision and device through module conversions.
@@ -295,42 +349,23 @@ class DistributedFFT(ComplexModule):
 
     def _schedule(self) -> tuple[list, tuple]:
         """The forward steps, and the mesh dim each output dim is split over (None: whole)."""
-        d = len(self.global_shape)
         layout = self.layout
-        # The mesh dim splitting each dim; a dim over a mesh dim of one rank is whole.
-        axis = [a if a is not None and layout.axis_size(a) > 1 else None for a in layout.axes]
         extents = list(self.global_shape)
-        transformed: set[int] = set()
         steps: list = []
-
-        def swap(split: int, candidates) -> None:
-            a = axis[split]
+        axis = list(_split_axes(layout))
+        for event in _order(axis, layout.axis_size, self.output_shape, self.kind == "r2c"):
+            if event[0] == "local":
+                local = event[1]
+                steps.append(_Local(local, tuple(extents[i] for i in local)))
+                for i in local:  # what the local transform leaves: the kept modes, or the half spectrum
+                    if self.modes or (self.kind == "r2c" and i == len(extents) - 1):
+                        extents[i] = self.output_shape[i]
+                continue
+            _, split, whole, a = event
             parts = layout.axis_size(a)
-            # A whole dim is always among the candidates (the whole dims are as many as at the start, and
-            # transformed by now). One whose output every rank gets a part of is preferred; a shorter one
-            # leaves trailing blocks empty (torch.chunk), which every step handles. Judging by the output
-            # extent keeps a pruned plan's output placements the same at every resolution.
-            whole_dims = [j for j in candidates if axis[j] is None]
-            whole = max([j for j in whole_dims if self.output_shape[j] >= parts] or whole_dims)
-            coord = layout.coordinate[a]
             sizes = (tuple(chunk_sizes(extents[split], parts)), tuple(chunk_sizes(extents[whole], parts)))
-            steps.append(_Transpose(split, whole, *sizes, coord, layout.group(a)))
-            axis[whole], axis[split] = a, None
-
-        if self.kind == "r2c" and axis[d - 1] is not None:
-            # The real-to-complex transform must come first, on the real last dim: make it whole.
-            swap(d - 1, range(d - 1))
-        while True:
-            local = tuple(i for i in range(d) if axis[i] is None and i not in transformed)
-            steps.append(_Local(local, tuple(extents[i] for i in local)))
-            transformed.update(local)
-            for i in local:  # what the local transform leaves: the kept modes, or the half spectrum
-                if self.modes or (self.kind == "r2c" and i == d - 1):
-                    extents[i] = self.output_shape[i]
-            pending = [i for i in range(d) if i not in transformed]
-            if not pending:
-                return steps, tuple(axis)
-            swap(max(pending), transformed)
+            steps.append(_Transpose(split, whole, *sizes, layout.coordinate[a], layout.group(a)))
+        return steps, tuple(axis)
 
     def output_slices(self, coordinate: Sequence[int] | None = None) -> tuple[slice, ...]:
         """Global index slices (inside ``output_shape``) of the output block of this rank, or of the rank
@@ -344,10 +379,7 @@ class DistributedFFT(ComplexModule):
     @property
     def output_placements(self) -> tuple:
         """The output's placements, one per mesh dim, as for a DTensor of shape ``output_shape``."""
-        return tuple(
-            Shard(self._output_axes.index(a)) if a in self._output_axes else Replicate()
-            for a in range(len(self.layout.placements))
-        )
+        return _placements(self._output_axes, len(self.layout.placements))
 
     def _check(self, t: torch.Tensor, what: str, shape: tuple[int, ...], complex_input: bool) -> torch.Tensor:
         dtype = self.complex_dtype if complex_input else self.dtype

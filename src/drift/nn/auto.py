@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +37,6 @@ import torch
 from drift.errors import PlanError
 from drift.layout import split_reduction
 from drift.truncated import FORWARD_COPY_FLOPS, INVERSE_COPY_FLOPS, ModeSpec, best_order, folded_rows, mode_lists
-
-CANDIDATES = ("drift", "dfno-pruned")
 
 
 @dataclass(frozen=True)
@@ -219,53 +217,86 @@ def choose_reduction(
     return best
 
 
+@dataclass(frozen=True)
+class Problem:
+    """What a cost model costs: one sample of ``global_shape`` with ``modes`` kept, split ``parts`` ways
+    per dim (1: whole; ranks numbered with the last split dim fastest), ``in_channels`` transformed
+    forward and ``out_channels`` back, ``complex_bytes`` a spectral value, on ``machine``; drift's
+    collectives over a reduction mesh of shape ``reduction`` (None: one level per split dim)."""
+
+    global_shape: tuple[int, ...]
+    modes: tuple
+    parts: tuple[int, ...]
+    in_channels: int
+    out_channels: int
+    machine: Machine
+    real: bool = True
+    complex_bytes: int = 8
+    reduction: tuple[int, ...] | None = None
+
+    @property
+    def kept(self) -> list[int]:
+        """Modes kept per dim (ValueError if they do not fit ``global_shape``)."""
+        return [len(m) for m in mode_lists(self.modes, self.global_shape, self.real)]
+
+
+def drift_cost(problem: Problem) -> MethodCost:
+    """ "drift": the partial-DFT contractions of its plans and its reduce-scatters and all-gathers."""
+    p, machine = problem, problem.machine
+    lists = mode_lists(p.modes, p.global_shape, p.real)
+    kept = [len(m) for m in lists]
+    rows = [folded_rows(m, n) for m, n in zip(lists, p.global_shape, strict=True)]
+    local = [math.ceil(n / q) for n, q in zip(p.global_shape, p.parts, strict=True)]
+    forward_flops = best_order(local, kept, p.real, FORWARD_COPY_FLOPS, rows)[1]
+    inverse_flops = best_order(local, kept, p.real, INVERSE_COPY_FLOPS, rows)[1]
+    flops = p.in_channels * forward_flops + p.out_channels * inverse_flops
+    levels = reduction_levels(p.parts, p.reduction)
+    sent, seconds = _drift_comm(machine, levels, p.in_channels, p.out_channels, math.prod(kept) * p.complex_bytes)
+    return MethodCost("drift", flops, sent, flops / machine.matmul_flops_per_s, seconds)
+
+
+def pruned_dfno_cost(problem: Problem) -> MethodCost:
+    """ "dfno-pruned": truncated 1-D FFTs dim by dim from the last, and one all-to-all each way per split dim."""
+    p, machine = problem, problem.machine
+    shape, kept = p.global_shape, p.kept
+    fft_flops, volume = 0.0, math.prod(shape)
+    for dim in reversed(range(len(shape))):
+        n = shape[dim]
+        per_line = (2.5 if p.real and dim == len(shape) - 1 else 5.0) * n * math.log2(max(n, 2))
+        fft_flops += volume / n * per_line
+        volume = volume // n * kept[dim]
+    ranks = math.prod(p.parts)
+    flops = (p.in_channels + p.out_channels) * fft_flops / ranks
+    sent, seconds = 0.0, 0.0
+    # When a split dim is transformed every whole dim already is, and truncated.
+    moved = math.prod(n if q > 1 else k for n, k, q in zip(shape, kept, p.parts, strict=True))
+    for ((q, stride),) in reduction_levels(p.parts):
+        for c in (p.in_channels, p.out_channels):
+            nbytes = c * moved * p.complex_bytes / ranks  # each rank's block, (q - 1) / q of it sent
+            seconds += machine.collective_s("all_to_all", q, nbytes, stride)
+            sent += (q - 1) / q * nbytes
+    return MethodCost("dfno-pruned", flops, sent, flops / machine.fft_flops_per_s, seconds)
+
+
+COSTS = (drift_cost, pruned_dfno_cost)  # the candidates of method="auto", in order of preference on a tie
+
+
 def method_costs(
     global_shape: Sequence[int],
     modes: Sequence[ModeSpec],
     parts: Sequence[int],
     *,
-    in_channels: int,
-    out_channels: int,
-    real: bool = True,
-    complex_bytes: int = 8,
-    machine: Machine,
-    reduction: Sequence[int] | None = None,
+    costs: Sequence[Callable[[Problem], MethodCost]] = COSTS,
+    **problem,
 ) -> list[MethodCost]:
-    """The modelled forward cost of each candidate for one sample of ``global_shape`` split ``parts``
-    ways per dim (1: whole; ranks numbered with the last split dim fastest), cheapest first, drift with
-    ``reduction`` (a reduction mesh shape). ValueError if ``modes`` do not fit ``global_shape``."""
-    shape, parts = tuple(global_shape), tuple(parts)
-    lists = mode_lists(tuple(modes), shape, real)
-    kept = [len(m) for m in lists]
-    rows = [folded_rows(m, n) for m, n in zip(lists, shape, strict=True)]
-    ranks, modes_total = math.prod(parts), math.prod(kept)
-    local = [math.ceil(n / p) for n, p in zip(shape, parts, strict=True)]
-    forward_flops = best_order(local, kept, real, FORWARD_COPY_FLOPS, rows)[1]
-    inverse_flops = best_order(local, kept, real, INVERSE_COPY_FLOPS, rows)[1]
-    drift_flops = in_channels * forward_flops + out_channels * inverse_flops
-    levels = reduction_levels(parts, reduction)
-    drift_bytes, drift_comm = _drift_comm(machine, levels, in_channels, out_channels, modes_total * complex_bytes)
-
-    fft_flops, volume = 0.0, math.prod(shape)
-    for dim in reversed(range(len(shape))):
-        n = shape[dim]
-        per_line = (2.5 if real and dim == len(shape) - 1 else 5.0) * n * math.log2(max(n, 2))
-        fft_flops += volume / n * per_line
-        volume = volume // n * kept[dim]
-    dfno_flops = (in_channels + out_channels) * fft_flops / ranks
-    dfno_bytes, dfno_comm = 0.0, 0.0
-    # When a split dim is transformed every whole dim already is, and truncated.
-    moved = math.prod(n if p > 1 else k for n, k, p in zip(shape, kept, parts, strict=True))
-    for ((p, stride),) in reduction_levels(parts):
-        for c in (in_channels, out_channels):
-            nbytes = c * moved * complex_bytes / ranks  # each rank's block, (p - 1) / p of it sent
-            dfno_comm += machine.collective_s("all_to_all", p, nbytes, stride)
-            dfno_bytes += (p - 1) / p * nbytes
-    costs = [
-        MethodCost("drift", drift_flops, drift_bytes, drift_flops / machine.matmul_flops_per_s, drift_comm),
-        MethodCost("dfno-pruned", dfno_flops, dfno_bytes, dfno_flops / machine.fft_flops_per_s, dfno_comm),
-    ]
-    return sorted(costs, key=lambda c: (c.seconds, CANDIDATES.index(c.method)))
+    """The modelled forward cost of each candidate (``costs``, functions of a ``Problem``; ``problem``:
+    its other fields) for one sample of ``global_shape`` split ``parts`` ways per dim, cheapest first
+    (ties in the order of ``costs``). ValueError if ``modes`` do not fit ``global_shape``."""
+    if problem.get("reduction") is not None:
+        problem["reduction"] = tuple(problem["reduction"])
+    p = Problem(tuple(global_shape), tuple(modes), tuple(parts), **problem)
+    order = {cost: i for i, cost in enumerate(costs)}
+    return [c for c, _ in sorted(((cost(p), order[cost]) for cost in costs), key=lambda t: (t[0].seconds, t[1]))]
 
 
 def choose_method(
@@ -273,19 +304,15 @@ def choose_method(
     modes: Sequence[ModeSpec],
     parts: Sequence[int],
     *,
-    excluded: Sequence[str] = (),
-    **model,
+    costs: Sequence[Callable[[Problem], MethodCost]] = COSTS,
+    **problem,
 ) -> MethodChoice:
-    """The cheapest candidate by ``method_costs`` (``model``: its keyword arguments, ``machine``,
-    ``in_channels``, ...), none of ``excluded``; PlanError, naming the grid and the modes, when no
-    candidate can run them."""
+    """The cheapest candidate by ``method_costs``; PlanError, naming the grid and the modes, when no
+    candidate can run them (or none is given)."""
+    if not costs:
+        raise PlanError(f"method='auto' at resolution {tuple(global_shape)}: no method fits this layout")
     try:
-        costs = method_costs(global_shape, modes, parts, **model)
+        ranked = method_costs(global_shape, modes, parts, costs=costs, **problem)
     except ValueError as exc:
         raise PlanError(f"method='auto' at resolution {tuple(global_shape)}: no method fits ({exc})") from None
-    costs = [c for c in costs if c.method not in excluded]
-    if not costs:
-        raise PlanError(
-            f"method='auto' at resolution {tuple(global_shape)}: no method fits ({', '.join(excluded)} excluded)"
-        )
-    return MethodChoice(costs[0].method, tuple(costs), tuple(global_shape), tuple(parts))
+    return MethodChoice(ranked[0].method, tuple(ranked), tuple(global_shape), tuple(parts))

@@ -14,6 +14,7 @@ from drift import comm
 from drift.layout import reduction_mesh
 from drift.nn.auto import Machine, choose_reduction
 from drift.nn.factorized import FactorizedWeight
+from drift.nn.methods import candidates
 from drift.nn.replicated import Replicated
 from drift.nn.spectral import AUTO, SpectralConv
 
@@ -104,7 +105,7 @@ def parallelize(
         drift_only = (reduction is not None and not chosen_reduction) or overlap != 1
         where = (mesh, placements, spatial_axes, global_shape, machine, split)
         _choose_methods(layers, *where, drift_only, reduction)
-        if chosen_reduction and any(m.method != "drift" for m in layers):
+        if chosen_reduction and any(not m.spectral_method.takes_reduction for m in layers):
             reduction = None  # the model found a method that takes no reduction mesh faster
     for module in layers:
         module.check_padding_split(split)
@@ -117,7 +118,7 @@ def parallelize(
         )
     if not isinstance(overlap, int) or overlap < 1:
         raise ValueError(f"overlap must be a positive number of pieces, got {overlap!r}")
-    others = sorted({m.method for m in layers if m.method != "drift"})
+    others = sorted({m.method for m in layers if not m.spectral_method.takes_reduction})
     for name, given in (("reduction", reduction is not None), ("overlap", overlap != 1)):
         if given and others:
             raise ValueError(f"{name} applies to method 'drift' only; the model has {', '.join(others)} layers")
@@ -169,7 +170,7 @@ def _choose_reduction(layers, mesh, placements, spatial_axes, global_shape, mach
     parts = _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, "reduction='auto'")
     layer = layers[0]
     padded = [n + b + a for n, (b, a) in zip(global_shape, layer.padding_at(global_shape), strict=True)]
-    spectrum_bytes = math.prod(len(m) for m in layer.modes_at(padded)) * 2 * torch.finfo(layer._precision()).bits // 8
+    spectrum_bytes = math.prod(len(m) for m in layer.modes_at(padded)) * 2 * torch.finfo(layer.precision()).bits // 8
     machine = machine or Machine.default(mesh.device_type)
     channels = dict(in_channels=layer.in_channels, out_channels=layer.out_channels)
     return choose_reduction(parts, spectrum_bytes, **channels, machine=machine)
@@ -183,31 +184,15 @@ def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machin
     machine = machine or Machine.default(mesh.device_type)
     shape = tuple(reduction.shape) if isinstance(reduction, DeviceMesh) else reduction
     for layer in (m for m in layers if m.method == AUTO):
-        # dfno-pruned cannot pad a split dim, nor take drift's reduction or overlap, nor split every dim.
         padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
-        excluded = ("dfno-pruned",) if padded_split or drift_only or all(split) else ()
-        layer.choose_method(tuple(global_shape), parts, machine, excluded, reduction=shape)
+        choices = candidates(padded_split=padded_split, drift_options=drift_only, every_dim_split=all(split))
+        layer.choose_method(tuple(global_shape), parts, machine, choices, reduction=shape)
 
 
 def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple:
     """How ``layer`` stores its weight over ``mesh`` for inputs placed as ``placements``."""
-    data_axes, spatial_axes = _roles(mesh, placements, layer.ndim)
-    if layer.method == "drift":
-        return tuple(Shard(2) if axis in spatial_axes else Replicate() for axis in range(mesh.ndim))
-    if layer.method == "dfno":
-        return (Replicate(),) * mesh.ndim
-    # dfno-pruned: the blocks of the mode grid its transposes leave, at a nominal resolution.
-    from drift.fft import DistributedFFT
-
-    def extent(spec, k: int) -> int:  # large enough for the modes and for every split
-        top = k if isinstance(spec, int) else max(abs(i) + 1 for i in spec)
-        return 2 * max(top, k, mesh.size()) + 2
-
-    nominal = tuple(extent(spec, k) for spec, k in zip(layer.mode_spec, layer.mode_shape, strict=True))
-    spatial = [Shard(p.dim - 2) if axis in spatial_axes else Replicate() for axis, p in enumerate(placements)]
-    kind = "r2c" if layer.real else "c2c"
-    plan = DistributedFFT(nominal, mesh, spatial, kind=kind, modes=layer.modes_at(nominal), device="meta")
-    return layer._weight_placements(plan)
+    _, spatial_axes = _roles(mesh, placements, layer.ndim)
+    return layer.spectral_method.weight_placements(layer, mesh, placements, spatial_axes)
 
 
 @torch.no_grad()

@@ -9,16 +9,9 @@ retained modes, per dim ``0..k-1`` then ``-k..-1`` (``0..k-1`` on the last dim o
 ``domain_padding`` ``x`` is zero-padded first, the modes are those of the padded extents, and ``y`` is
 cropped back to ``x``'s points (``drift.nn.padding``). The resolution comes from the input: a plan is
 built for each global shape the layer meets and kept in a small cache. Built on one device the layer
-is an ordinary module; ``drift.nn.parallelize`` makes it distributed, and the methods differ in how
-the spectrum is reached and which share of ``W`` a rank stores (its ``weight`` is then a DTensor):
-
-- "drift": a ``TruncatedFFT`` (partial DFTs, one reduce-scatter, one all-gather; the payload depends
-  only on the number of modes); ``W`` is sharded on K1 (``Shard(2)`` on every spatial mesh dim).
-- "dfno-pruned": a ``DistributedFFT`` with ``modes``: each local transform is truncated before the
-  next transpose, so only kept modes move; ``W`` is sharded as the mode grid's blocks.
-- "dfno": Grady et al.'s baseline, a full ``DistributedFFT`` whose transposes move the whole field and
-  truncation inside each rank's spectral block. Its blocks hold kept modes in no ``torch.chunk``
-  pattern, so ``W`` is replicated (each rank uses its modes; the gradient is summed over ranks).
+is an ordinary module; ``drift.nn.parallelize`` makes it distributed, and the methods
+(``drift.nn.methods``: "drift", "dfno-pruned", "dfno") differ in how the spectrum is reached and which
+share of ``W`` a rank stores (its ``weight`` is then a DTensor).
 
 With ``factorization`` ("tucker" or "cp", neuraloperator's TFNO / CP-FNO) ``W`` is held as small
 factors (``drift.nn.factorized``), replicated on every rank, their gradients summed over the mesh; each
@@ -32,21 +25,23 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-from drift import comm, memory
+from drift import comm
 from drift._plan import ComplexModule, complex_dtype, real_dtype
 from drift.errors import PlanError
-from drift.fft import DistributedFFT
 from drift.layout import Layout, dtensor_layout, to_dtensor
 from drift.nn.auto import Machine, MethodChoice, choose_method
 from drift.nn.factorized import FactorizedWeight
-from drift.nn.padding import check_padding_mode, crop_block, pad_block, padding_at, padding_fractions
+from drift.nn.methods import METHODS, SpectralMethod, candidates, method_named
+from drift.nn.mixing import mix_channels
+from drift.nn.padding import check_padding_mode, padding_at, padding_fractions
 from drift.nn.replicated import replicate_over
 from drift.profiling import phase
-from drift.truncated import ModeSpec, TruncatedFFT, mode_lists
+from drift.truncated import ModeSpec, mode_lists
 
-METHODS = ("drift", "dfno", "dfno-pruned")
+__all__ = ["AUTO", "METHODS", "SpectralConv", "layout_of", "mix_channels", "mode_counts", "spectral_weight"]
+
 AUTO = "auto"  # a method chosen by drift.nn.auto's cost model (at parallelize, or at the first input on one device)
 MAX_PLANS = 4  # plans kept per layer (resolutions and layouts met most recently)
 
@@ -80,63 +75,6 @@ def spectral_weight(
     return w / (in_channels * out_channels)
 
 
-def _mix(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """One multiply-add per input channel into one output, vectorised over the modes (several times
-    faster on CPU than einsum's tiny batched gemms); not recorded by autograd. The output comes from
-    ``drift.memory``'s pool: a fresh one page-faults on every call."""
-    first, w0 = x[:, 0].unsqueeze(1), w[0]
-    shape = torch.broadcast_shapes(first.shape, w0.shape)
-    y = torch.mul(first, w0, out=memory.empty(shape, torch.promote_types(x.dtype, w.dtype), x.device))
-    for i in range(1, x.shape[1]):
-        y.addcmul_(x[:, i].unsqueeze(1), w[i])
-    return y
-
-
-def _conj(t: torch.Tensor) -> torch.Tensor:
-    """``conj(t)`` materialised: recorded under grad mode (a double backward), else into a pooled tensor."""
-    if torch.is_grad_enabled():
-        return torch.conj_physical(t)
-    return torch.conj_physical(t, out=memory.empty_like(t))
-
-
-class _MixChannels(torch.autograd.Function):
-    """``mix_channels`` as one autograd node: its backward is the same product with each mode's adjoint
-    channel matrix for ``x``, and ``sum_b conj(x) g`` written once for ``w``, instead of autograd's two
-    temporaries per channel and their stacking. Differentiable again (``mix_channels``, mul, addcmul)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, w)
-        return _mix(x, w)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        x, w = ctx.saved_tensors
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            # sum_o g conj(w[:, o]) = conj(sum_o conj(g) w[:, o]): conjugates of the small tensors only.
-            grad_x = _conj(mix_channels(_conj(grad), w.transpose(0, 1)))
-        if ctx.needs_input_grad[1]:
-            x_conj = _conj(x)
-            if x.shape[0] == 0:
-                grad_w = torch.zeros_like(w)
-            elif torch.is_grad_enabled():  # a double backward records the product
-                grad_w = x_conj[0].unsqueeze(1) * grad[0]
-            else:
-                grad_w = torch.mul(x_conj[0].unsqueeze(1), grad[0], out=memory.empty_like(w))
-            for b in range(1, x.shape[0]):  # a data-parallel rank may hold no trajectory of a batch
-                grad_w.addcmul_(x_conj[b].unsqueeze(1), grad[b])
-        return grad_x, grad_w
-
-
-def mix_channels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``einsum("bi...,io...->bo...", x, w)`` over per-mode channel matrices, ``x`` ``(b, in, *modes)``,
-    ``w`` ``(in, out, *modes)``: one multiply-add per input channel, vectorised over the modes."""
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        return _MixChannels.apply(x, w)
-    return _mix(x, w)
-
-
 def _plan_key(layout: Layout) -> str:
     shape = "x".join(map(str, layout.global_shape))
     return shape + "_" + "".join("r" if a is None else f"m{a}" for a in layout.axes)
@@ -149,7 +87,9 @@ class SpectralConv(ComplexModule):
         in_channels, out_channels: channel counts.
         modes: retained modes per spatial dim (1 to 4 dims): Li et al.'s k, or explicit frequency lists
             (see ``drift.truncated.mode_indices``); every extent must hold them.
-        method: "drift", "dfno" or "dfno-pruned" (the module docstring); they compute the same function.
+        method: "drift", "dfno" or "dfno-pruned" (``drift.nn.methods``), which compute the same function,
+            or "auto" (the one ``drift.nn.auto``'s cost model predicts fastest, at ``parallelize`` or at
+            the first input on one device).
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
         bias: add a real per-channel bias ``(out,)`` to the output (neuraloperator's ``bias=True``),
             drawn after the weight as neuraloperator's, ``sqrt(2 / (in + out))`` times a normal;
@@ -191,8 +131,8 @@ class SpectralConv(ComplexModule):
     ) -> None:
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
-        if method not in (*METHODS, AUTO):
-            raise ValueError(f"method must be one of {(*METHODS, AUTO)}, got {method!r}")
+        if method != AUTO:
+            method_named(method)  # ValueError naming the choices
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"channel counts must be positive, got {in_channels} and {out_channels}")
         self.in_channels, self.out_channels, self.method, self.real = in_channels, out_channels, method, real
@@ -219,7 +159,6 @@ class SpectralConv(ComplexModule):
         self.data_axes: tuple[int, ...] = ()
         self.plans = nn.ModuleDict()
         self.choice: MethodChoice | None = None  # what method="auto" chose, and why
-        self._dfno_index: dict[str, tuple] = {}
 
     def extra_repr(self) -> str:
         where = "" if self.mesh is None else f", mesh={tuple(self.mesh.shape)}, placements={self.input_placements}"
@@ -252,6 +191,13 @@ class SpectralConv(ComplexModule):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
+    def spectral_method(self) -> SpectralMethod:
+        """The ``drift.nn.methods`` class instance of ``method`` (PlanError while it is "auto")."""
+        if self.method == AUTO:
+            raise PlanError(f"{type(self).__name__}: method='auto' is chosen at parallelize or at the first input")
+        return method_named(self.method)
+
+    @property
     def ndim(self) -> int:
         """The number of spatial dims."""
         return len(self.mode_shape)
@@ -269,7 +215,7 @@ class SpectralConv(ComplexModule):
         """PlanError when a dfno method would pad a dim split over ranks (``split[i]``): padding changes
         the dim's ``torch.chunk`` blocks, which its transposes would have to redistribute."""
         dims = [i for i, (f, s) in enumerate(zip(self.domain_padding, split, strict=True)) if f and s]
-        if self.method != "drift" and dims:
+        if dims and self.spectral_method.pads_tensor:
             raise PlanError(
                 f"{self.method} with domain_padding={self.domain_padding} pads the tensor, which is not supported "
                 f"on spatial dims split over ranks (dims {dims}): use method='drift' (implicit padding) or pad "
@@ -286,9 +232,7 @@ class SpectralConv(ComplexModule):
         else:
             plan = self._build_plan(layout)
             if len(self.plans) >= MAX_PLANS:
-                oldest = next(iter(self.plans.keys()))
-                del self.plans[oldest]
-                self._dfno_index.pop(oldest, None)
+                del self.plans[next(iter(self.plans.keys()))]
         self.plans[key] = plan
         return plan
 
@@ -297,12 +241,12 @@ class SpectralConv(ComplexModule):
         global_shape: Sequence[int],
         parts: Sequence[int],
         machine: Machine,
-        excluded=(),
+        choices: Sequence[SpectralMethod] | None = None,
         reduction: Sequence[int] | None = None,
     ) -> None:
         """Resolve ``method="auto"`` for inputs of ``global_shape`` split ``parts`` ways per dim (drift with
-        ``reduction``, a reduction mesh shape): the candidate ``drift.nn.auto.choose_method`` models
-        fastest becomes ``method``, its reasons ``choice``."""
+        ``reduction``, a reduction mesh shape): of ``choices`` (default ``drift.nn.methods.candidates()``)
+        the one ``drift.nn.auto.choose_method`` models fastest becomes ``method``, its reasons ``choice``."""
         if self.method != AUTO:
             raise ValueError(f"choose_method resolves method='auto'; this layer's method is {self.method!r}")
         padding = self.padding_at(global_shape)
@@ -314,9 +258,9 @@ class SpectralConv(ComplexModule):
             in_channels=self.in_channels,
             out_channels=self.out_channels,
             real=self.real,
-            complex_bytes=2 * torch.finfo(self._precision()).bits // 8,
+            complex_bytes=2 * torch.finfo(self.precision()).bits // 8,
             machine=machine,
-            excluded=excluded,
+            costs=[m.cost for m in (candidates() if choices is None else choices)],
             reduction=reduction,
         )
         self.method = self.choice.method
@@ -332,34 +276,11 @@ class SpectralConv(ComplexModule):
         except ValueError as exc:
             note = f" (padded to {padded})" if padded != layout.global_shape else ""
             raise PlanError(f"{type(self).__name__} at resolution {layout.global_shape}{note}: {exc}") from None
-        common = dict(dtype=self._precision(), device=self.weight.device)
-        where = (layout.global_shape, layout.mesh, layout.placements)
-        if self.method == "drift":
-            drift_options = dict(padding=padding, reduction=self.reduction, overlap=self.overlap)
-            return TruncatedFFT(*where[:1], modes, *where[1:], real=self.real, **drift_options, **common)
         self.check_padding_split([p > 1 for p in layout.parts])
-        where = (padded, *where[1:])  # the dfno methods transform the padded tensor
-        kind = "r2c" if self.real else "c2c"
-        if self.method == "dfno-pruned":
-            plan = DistributedFFT(*where, kind=kind, modes=modes, **common)
-            expected = self._weight_placements(plan)
-            if isinstance(self.weight, DTensor) and tuple(self.weight.placements) != expected:
-                raise PlanError(
-                    f"dfno-pruned at resolution {layout.global_shape} places the modes as {expected}, the weight is "
-                    f"sharded as {tuple(self.weight.placements)}: parallelize for this resolution"
-                )
-            return plan
-        plan = DistributedFFT(*where, kind=kind, **common)
-        block = plan.output_slices()
-        positions, offsets = [], []
-        for kept, s in zip(modes, block, strict=True):
-            inside = [(p, f - s.start) for p, f in enumerate(kept) if s.start <= f < s.stop]
-            positions.append(torch.tensor([p for p, _ in inside], dtype=torch.int64))
-            offsets.append(torch.tensor([o for _, o in inside], dtype=torch.int64))
-        self._dfno_index[_plan_key(layout)] = (tuple(positions), torch.meshgrid(*offsets, indexing="ij"))
-        return plan
+        return self.spectral_method.plan(self, layout, modes, padding)
 
-    def _precision(self) -> torch.dtype:
+    def precision(self) -> torch.dtype:
+        """The real precision the layer computes in: its weight's (PlanError unless float32 or float64)."""
         dtype = real_dtype(self.weight.dtype)
         if dtype not in (torch.float32, torch.float64):
             raise PlanError(
@@ -368,13 +289,6 @@ class SpectralConv(ComplexModule):
                 "torch.autocast for mixed precision"
             )
         return dtype
-
-    def _weight_placements(self, plan: DistributedFFT) -> tuple:
-        """dfno-pruned: the weight's placements, the mode grid's blocks as the plan's output has them."""
-        out = []
-        for axis, p in enumerate(plan.output_placements):
-            out.append(Replicate() if axis in self.data_axes or not isinstance(p, Shard) else Shard(p.dim + 2))
-        return tuple(out)
 
     # Forward.
 
@@ -409,7 +323,7 @@ class SpectralConv(ComplexModule):
         Under autocast it runs, and returns, in the weight's precision."""
         if x.shape[2:] != layout.local_shape:
             raise PlanError(f"expected a block ending in {layout.local_shape}, got shape {tuple(x.shape)}")
-        self._precision()
+        self.precision()
         if constant is not None and out is None:
             raise PlanError("SpectralConv.forward_local: constant= is for outputs written into out=")
         if out is not None:
@@ -426,7 +340,7 @@ class SpectralConv(ComplexModule):
             return y
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                x = x.to(self._precision() if self.real else complex_dtype(self._precision()))
+                x = x.to(self.precision() if self.real else complex_dtype(self.precision()))
                 return self._add_bias(self._convolve(x, layout))
         if real_dtype(x.dtype) in (torch.float16, torch.bfloat16):
             raise PlanError(
@@ -438,71 +352,37 @@ class SpectralConv(ComplexModule):
     def folds_constants(self, layout: Layout) -> bool:
         """Whether ``forward_local(out=...)`` adds constants in the spectrum: "drift" on a real or complex
         field whose kept modes hold frequency 0 on every dim."""
-        return self.method == "drift" and self.plan(layout).has_constant_mode
+        plan = self.plan(layout)  # resolves method="auto" first
+        return self.spectral_method.folds_constants(plan)
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         if self.bias is None:
             return y
         return y + replicate_over(self.mesh, self.bias).view(-1, *[1] * self.ndim)
 
-    def _local_weight(self, plan: nn.Module, layout: Layout) -> torch.Tensor:
+    def _local_weight(self, plan: nn.Module) -> torch.Tensor:
         """The part of the weight this rank multiplies for ``plan``, ``(in, out, *its modes)``, its gradient
-        summed over the ranks that share it: its K1 share (drift), its spectral block (dfno-pruned) or
-        the kept modes inside its spectral block (dfno)."""
-        w = self.weight
+        summed over the ranks that share it (``SpectralMethod.weight_index``)."""
+        w, method = self.weight, self.spectral_method
         if isinstance(w, FactorizedWeight):
-            if self.method == "drift":
-                return w.block((None, None, plan.share_slice()))
-            if self.method == "dfno-pruned":
-                return w.block((None, None, *plan.output_slices()))
-            return w.block((None, None, *self._dfno_index[_plan_key(layout)][0]))
+            return w.block(method.weight_index(plan))
         if isinstance(w, DTensor):
             local = w.to_local()
             for axis, p in enumerate(w.placements):
                 if isinstance(p, Replicate) and self.mesh.size(axis) > 1:
                     local = comm.replicate(local, group=self.mesh.get_group(axis))
             w = local
-        if self.method == "dfno":
-            positions = torch.meshgrid(*self._dfno_index[_plan_key(layout)][0], indexing="ij")
-            return w[(slice(None), slice(None), *(p.to(w.device) for p in positions))]
-        return w
+        return method.select(w, plan)
 
     def _convolve(
         self, x: torch.Tensor, layout: Layout, out: torch.Tensor | None = None, constant: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The convolution's output (into ``out`` when given); "drift" adds ``constant`` ``(out,)`` to every
-        point through the constant mode."""
-        plan = self.plan(layout)
-        if out is not None and self.method != "drift":
-            return out.copy_(self._convolve(x, layout))
+        """The convolution's output (into ``out`` when given); a method that folds constants adds
+        ``constant`` ``(out,)`` to every point through the constant mode."""
+        plan, method = self.plan(layout), self.spectral_method
         with phase("multiply"):
-            w = self._local_weight(plan, layout)
-        if self.method == "drift":
-            with phase("transform"):
-                shares = plan(x, sharded=True)  # (b, in, k1_loc, K2, ..., Kd)
-            with phase("multiply"):
-                mixed = mix_channels(shares, w)
-                if constant is not None:
-                    plan.add_constant_(mixed, constant, sharded=True)
-            with phase("transform"):
-                return plan.inverse(mixed, sharded=True, out=out)
-        padding = self.padding_at(layout.global_shape)
-        with phase("transform"):
-            spectrum = plan(pad_block(x, padding))
-        if self.method == "dfno-pruned":
-            with phase("multiply"):
-                mixed = mix_channels(spectrum, w)
-            with phase("transform"):
-                return crop_block(plan.inverse(mixed), padding)
-        with phase("multiply"):
-            offsets = self._dfno_index[_plan_key(layout)][1]
-            device = spectrum.device
-            kept = spectrum[(..., *(o.to(device) for o in offsets))]
-            mixed = mix_channels(kept, w)
-            block = mixed.new_zeros(*mixed.shape[:2], *spectrum.shape[2:])
-            block[(..., *(o.to(device) for o in offsets))] = mixed
-        with phase("transform"):
-            return crop_block(plan.inverse(block), padding)
+            w = self._local_weight(plan)
+        return method.convolve(self, plan, x, w, self.padding_at(layout.global_shape), out, constant)
 
 
 def layout_of(x: torch.Tensor, d: int, mesh, placements) -> tuple[Layout, torch.Tensor]:

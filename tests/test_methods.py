@@ -1,0 +1,59 @@
+"""drift.nn.methods: the name-to-class mapping, the auto candidates, and dfno-pruned's weight placements
+computed without a plan against the plans' own output placements."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+from harness import device_for
+from meshes import mesh_for
+from torch.distributed.tensor import Replicate, Shard
+
+from drift.fft import DistributedFFT, pruned_output_placements
+from drift.layout import device_mesh
+from drift.nn.methods import METHODS, Dfno, Drift, PrunedDfno, candidates, method_named
+
+
+def test_names_map_to_one_class_each():
+    assert [method_named(name).name for name in METHODS] == list(METHODS)
+    assert isinstance(method_named("drift"), Drift) and isinstance(method_named("dfno"), Dfno)
+    assert isinstance(method_named("dfno-pruned"), PrunedDfno)
+    for bad in ("fft", "auto", None):
+        with pytest.raises(ValueError, match=r"method must be one of \('drift', 'dfno', 'dfno-pruned'\)"):
+            method_named(bad)
+
+
+def test_auto_candidates_follow_what_each_method_can_do():
+    names = lambda ms: [m.name for m in ms]  # noqa: E731
+    assert names(candidates()) == ["drift", "dfno-pruned"]  # dfno has no cost model: never faster than pruned
+    assert names(candidates(padded_split=True)) == ["drift"]
+    assert names(candidates(drift_options=True)) == ["drift"]
+    assert names(candidates(every_dim_split=True)) == ["drift"]
+
+
+def _placements_without_a_plan():
+    """dfno-pruned's output placements from the schedule alone, against built plans at several resolutions
+    (r2c and c2c; a slab, a pencil, a mesh with a data dim)."""
+    device = device_for(dist.get_rank())
+    checked = 0
+    for grid, modes in [((4, 1, 1), (3, 2, 2)), ((2, 2, 1), (2, 3, 2)), ((1, 4), (3, 2)), ((2, 1, 2), (2, 2, 2))]:
+        mesh, placements = mesh_for(grid)
+        for real in (True, False):
+            kept = tuple(m if real and i == len(modes) - 1 else 2 * m for i, m in enumerate(modes))
+            expected = pruned_output_placements(mesh, placements, kept, real)
+            for extents in [(9, 8, 7)[: len(modes)], (16, 12, 10)[: len(modes)]]:
+                kind = "r2c" if real else "c2c"
+                plan = DistributedFFT(extents, mesh, placements, kind=kind, modes=modes, device=device)
+                assert plan.output_placements == expected, (grid, real, extents)
+                checked += 1
+    # A data mesh dim: its placement is Replicate in the transform's terms.
+    mesh = device_mesh((2, 2), ("data", "x"), device.type)
+    plan = DistributedFFT((8, 6), mesh, (Replicate(), Shard(0)), kind="r2c", modes=(2, 2), device=device)
+    assert pruned_output_placements(mesh, (Replicate(), Shard(0)), (4, 2), True) == plan.output_placements
+    with pytest.raises(ValueError, match="split every dim"):
+        pruned_output_placements(*mesh_for((2, 2)), (4, 2), True)
+    return checked
+
+
+def test_pruned_weight_placements_need_no_plan(ranks):
+    assert ranks.run(4, _placements_without_a_plan) == [16] * 4
