@@ -150,6 +150,11 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
     def requeue(self, job: int) -> None:
         self._scontrol("requeue", str(job))
 
+    def cancel(self, job: int) -> None:
+        """``scancel job``: SIGTERM to every process of the job (the batch shell included), SIGKILL after
+        ``KillWait``."""
+        subprocess.run(["scancel", str(job)], env=self.env, check=True, timeout=60)
+
     def warn(self, job: int, name: str = "USR1") -> None:
         """Signal ``job``'s batch shell, as ``sbatch --signal=B:<name>@N`` does before the time limit."""
         subprocess.run(["scancel", f"--signal={name}", "--batch", str(job)], env=self.env, check=True, timeout=60)

@@ -4,8 +4,10 @@ A job requeued mid-run (``scontrol requeue``: SIGTERM to every process of the jo
 step boundary and its requeued run continues (``--resume auto``, ``SLURM_RESTART_COUNT``) to the
 uninterrupted run's metrics; the time limit's warning (``--signal=B:USR1@N``) goes through the batch
 shell, srun and torchrun to the ranks, which checkpoint, the script requeues the job, and its requeued
-run finishes the same way. SLURM holds a requeued job for about two minutes before it starts it again: the
-tests let it start at once (``scontrol update StartTime=now``)."""
+run finishes the same way; a job cancelled mid-run (``scancel``: SIGTERM) checkpoints and is not
+requeued, and ``drift train --resume auto`` continues from its checkpoint. SLURM holds a requeued job for
+about two minutes before it starts it again: the tests let it start at once (``scontrol update
+StartTime=now``)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm import Slurm, require_slurm
+from slurm import ENDED, Slurm, require_slurm
 from test_faults import _rows
 from test_train import TINY, tiny_data
 
@@ -109,3 +111,35 @@ def test_the_time_limit_warning_checkpoints_and_the_job_requeues_itself(slurm, d
     assert f"done: {EPOCHS} epochs" in log, log
     assert _rows(out) == whole
     assert not (out / "stopped.json").exists()
+
+
+def _metrics(out: Path) -> list[dict]:
+    """``metrics.jsonl``'s rows with their times: a run resumed from a checkpoint keeps the rows it holds."""
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_cancelled_job_checkpoints_and_is_not_requeued(slurm, data, whole, tmp_path, monkeypatch):
+    """``scancel`` sends SIGTERM to every process of the job: the ranks checkpoint and stop with a
+    ``stopped.json`` that says SIGTERM, and the batch shell, which catches SIGTERM and waits for the step,
+    does not requeue the job (only the time limit's warning, SIGUSR1, does). The job ends CANCELLED, and
+    ``drift train --resume auto`` on its folder continues from its checkpoint to the uninterrupted run's
+    metrics."""
+    out = tmp_path / "run"
+    job = _submit(slurm, out, data)
+    _wait_for(out / "checkpoints" / "epoch-0005")
+    slurm.cancel(job)
+    # Requeued (what the script did before it read the signal), the job would be PENDING or REQUEUED.
+    fields = slurm.wait(job, JOB_S, states=(*ENDED, "PENDING", "REQUEUED", "REQUEUE_HOLD"))
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert fields["JobState"] == "CANCELLED" and fields["Restarts"] == "0", (fields, log)
+    assert "drift train: stopped by SIGTERM" in log and "not requeueing it" in log, log
+    assert "requeueing job" not in log, log
+    stopped = json.loads((out / "stopped.json").read_text())
+    assert stopped["signal"] == "SIGTERM" and Path(stopped["checkpoint"]).is_dir(), stopped
+    before = _metrics(out)
+    assert 5 <= len(before) < EPOCHS, before
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main(["train", "--data", data, "--out", str(out), "--nproc", "2", "--resume", "auto", *TRAIN]) == 0
+    assert _metrics(out)[: len(before)] == before  # resumed: a fresh run would have timed its epochs anew
+    assert _rows(out) == whole
+    assert slurm.job(job)["JobState"] == "CANCELLED"  # and it did not run again meanwhile
