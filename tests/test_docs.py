@@ -1,0 +1,34 @@
+"""The documentation site builds with warnings as errors, and its API reference names the key objects."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytest.importorskip("sphinx", reason="the docs need the test extra's sphinx")
+pytest.importorskip("myst_parser", reason="the docs need the test extra's myst-parser")
+
+
+def test_docs_build_without_warnings_and_name_the_api(tmp_path):
+    out = tmp_path / "html"
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", str(out)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"sphinx failed:\n{result.stdout}\n{result.stderr}"
+    api = (out / "api.html").read_text(encoding="utf-8")
+    for name in (
+        "drift.TruncatedFFT",
+        "drift.DistributedFFT",
+        "drift.Layout",
+        "drift.nn.parallelize",
+        "drift.nn.FNO",
+        "drift.nn.SpectralConv",
+        "drift.nn.auto.Machine",
+        "drift.checkpoint_reader.CheckpointReader",
+        "drift.data.PDEBench3D",
+    ):
+        assert f'id="{name}"' in api, f"the API page does not document {name}"
+    for page in ("TRAINING", "PYTORCH", "TRANSFORMS", "FNO", "PDEBENCH", "PERFORMANCE", "BENCHMARKS", "GLOSSARY"):
+        assert (out / f"{page}.html").is_file(), f"docs/{page}.md is not in the site"
