@@ -56,6 +56,20 @@ def test_a_referenced_storage_is_never_handed_out(pool, holder):
     assert memory.empty(BIG, torch.float32).data_ptr() == address
 
 
+def test_without_torchs_use_count_the_pool_hands_out_fresh_tensors(pool, monkeypatch):
+    """drift._compat's fallback where torch lacks the private storage use count: nothing is pooled."""
+    from drift import _compat
+
+    monkeypatch.setattr(_compat, "_use_count", None)
+    a = memory.empty(BIG, torch.float32)
+    address = a.data_ptr()
+    del a
+    b = memory.empty(BIG, torch.float32)
+    assert b.shape == BIG and b.is_contiguous() and pool.cached_bytes() == 0
+    assert _compat.storage_use_count(b.untyped_storage()) is None and not _compat.counts_storage_uses()
+    del address
+
+
 def test_small_tensors_and_other_devices_bypass_the_pool(pool):
     small = memory.empty((BIG[0] - 1,), torch.float32)
     assert small.shape == (BIG[0] - 1,) and pool.cached_bytes() == 0

@@ -412,6 +412,23 @@ def init_process_group(
     )
 
 
+def store(
+    host: str, port: int, *, timeout_s: float, world_size: int | None = None, is_master: bool = False, prefix: str = ""
+) -> dist.Store:
+    """A TCP key-value store at ``host:port`` (``is_master``: this process serves it; port 0 then takes a
+    free port, ``store.port`` says which) that groups join through ``init_process_group``; its waits time
+    out after ``timeout_s``. ``prefix``: the keys of this use of a shared store, apart from an earlier one's."""
+    tcp = dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=is_master,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=world_size is not None,
+    )
+    return dist.PrefixStore(prefix, tcp) if prefix else tcp
+
+
 def backends_available() -> list[str]:
     """The torch.distributed backends of this torch build, of gloo, nccl and mpi."""
     if not dist.is_available():

@@ -12,26 +12,23 @@ Ranks placed by torchrun instead join their group with ``with process_group(devi
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import math
 import multiprocessing as mp
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 
 from drift import comm
+from drift._compat import exit_now
 from drift.errors import PlanError
 
 GROUP_TIMEOUT_S = 1800.0  # generous: rank 0 may write the default data set first
@@ -163,9 +160,14 @@ def _join_restarted(backend: str) -> None:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0 hosts the store
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    timeout = timedelta(seconds=GROUP_TIMEOUT_S)
-    store = dist.TCPStore(address, port, size, is_master=not agent and rank == 0, timeout=timeout)
-    prefixed = dist.PrefixStore(f"drift/attempt-{restart_count()}", store)
+    prefixed = comm.store(
+        address,
+        port,
+        timeout_s=GROUP_TIMEOUT_S,
+        world_size=size,
+        is_master=not agent and rank == 0,
+        prefix=f"drift/attempt-{restart_count()}",
+    )
     comm.init_process_group(backend, timeout_s=GROUP_TIMEOUT_S, store=prefixed, rank=rank, world_size=size)
 
 
@@ -199,7 +201,7 @@ def _serve(rank: int, size: int, port: int, device: str, threads: int, group_tim
     try:
         _place(device)
         # Even one rank joins a group, so that barriers and drift.comm behave the same at every size.
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=group_timeout_s))
+        store = comm.store("127.0.0.1", port, timeout_s=group_timeout_s)
         comm.init_process_group(_backend(device), timeout_s=group_timeout_s, store=store, rank=rank, world_size=size)
         conn.send((True, None, ""))
     except BaseException as exc:
@@ -224,10 +226,7 @@ def _exit() -> None:
     """End a pool rank with exit code 0: the exit handlers run and the standard streams are flushed, but
     the interpreter's teardown of torch's modules, 0.6-0.9 s of one core per rank on a 2-core host, is
     skipped (a rank's tasks have returned; nothing is left for it to finalise)."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now(0)
 
 
 class _Reply(NamedTuple):
@@ -274,9 +273,7 @@ class RankPool:
         context = mp.get_context("spawn")
         # The group's store lives here, bound to a free port at once: a port chosen and released for rank 0
         # to bind later could be taken in between (by another job's socket, or Gloo's own listeners).
-        self._store = dist.TCPStore(
-            "127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=group_timeout_s), wait_for_workers=False
-        )
+        self._store = comm.store("127.0.0.1", 0, timeout_s=group_timeout_s, is_master=True)
         entry = (size, self._store.port, device, threads or threads_per_rank(size), group_timeout_s)
         self._conns, self._procs = [], []
         for rank in range(size):

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from drift._compat import counts_storage_uses, storage_use_count
+
 # Smaller tensors come from glibc's heap without faults. Larger ones fault: above 32 MiB (its largest mmap
 # threshold) every time, and down to a few MiB whenever glibc has returned the heap's top to the kernel
 # (a training step's 10 MB spectra did).
@@ -44,7 +46,7 @@ class _Entry:
         """Whether nothing but the pool holds the storage: no tensor (a view, a saved tensor, a numpy
         array's base all hold one), and no Python reference to the storage object itself (which
         ``Tensor.untyped_storage()`` returns, the same object for every tensor on it)."""
-        tensors_free = torch._C._storage_Use_Count(self.storage._cdata) == 1
+        tensors_free = storage_use_count(self.storage) == 1
         return tensors_free and sys.getrefcount(self.storage) == self.python_refs
 
 
@@ -61,7 +63,7 @@ class TensorPool:
         treats it as a fresh tensor)."""
         shape, device = tuple(shape), torch.device(device)
         nbytes = math.prod(shape) * dtype.itemsize
-        if device.type != "cpu" or nbytes < MIN_BYTES:
+        if device.type != "cpu" or nbytes < MIN_BYTES or not counts_storage_uses():
             return torch.empty(shape, dtype=dtype, device=device)
         with self._lock:
             self._takes += 1

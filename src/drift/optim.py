@@ -21,6 +21,8 @@ from collections.abc import Callable
 import torch
 from torch.distributed.tensor import DTensor
 
+from drift._compat import fused_adam
+
 
 def _real(t: torch.Tensor) -> torch.Tensor:
     """The local tensor of ``t`` (a DTensor's shard), as real values (``view_as_real`` of a complex one)."""
@@ -29,7 +31,8 @@ def _real(t: torch.Tensor) -> torch.Tensor:
 
 
 class _FusedStep:
-    """The step of ``torch.optim.Adam`` / ``AdamW`` through ``torch._fused_adam(w)_`` on real views."""
+    """The step of ``torch.optim.Adam`` / ``AdamW`` through torch's fused kernel on real views
+    (``drift._compat.fused_adam``)."""
 
     param_groups: list[dict]
     state: dict
@@ -66,9 +69,8 @@ class _FusedStep:
                 steps.append(state["step"])
             beta1, beta2 = group["betas"]
             decoupled = group.get("decoupled_weight_decay", isinstance(self, torch.optim.AdamW))
-            fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
+            fused = fused_adam(decoupled)
             for params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps in lists.values():
-                torch._foreach_add_(steps, 1)
                 fused(
                     params,
                     grads,
