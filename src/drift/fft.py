@@ -22,7 +22,7 @@ from drift import comm, dct
 from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
 from drift.errors import PlanError
 from drift.layout import Layout, chunk_sizes, chunk_slice, dtensor_layout, shift_placements, to_dtensor
-from drift.truncated import ModeSpec, mode_lists
+from drift.modes import ModeSpec, mode_lists
 
 KINDS = ("c2c", "r2c", "dct2")
 STAGING_BYTES = 64 * 2**20  # the in-place mode's bound on any temporary buffer

@@ -45,6 +45,7 @@ from drift._plan import (
 )
 from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
+from drift.modes import ModeSpec, PaddingSpec, mode_lists, padding_pairs
 from drift.overlap import compute_then_send, receive_then_compute
 
 _NORMS = ("backward", "ortho", "forward")
@@ -56,88 +57,6 @@ _NORMS = ("backward", "ortho", "forward")
 WORK_BYTES = {"cpu": 64 * 2**20}
 OTHER_DEVICES_WORK_BYTES = 8 * 2**30
 SUM_BLOCK = 1024  # terms a single-precision contraction sums in one accumulator at most (``_contract``)
-ModeSpec = int | Sequence[int]
-PaddingSpec = int | Sequence[int | Sequence[int]]
-
-
-def mode_indices(spec: ModeSpec, n: int, dim: int, half: bool) -> tuple[int, ...]:
-    """The retained frequency indices on one dim of extent ``n``.
-
-    An int k keeps {0..k-1} then {n-k..n-1} (Li et al.'s FNO convention), or 0..k-1 on the half
-    spectrum (``half``: the last dim of a real transform). A sequence lists indices in the order to
-    keep them; a negative index i means n + i.
-    """
-    limit = n // 2 + 1 if half else n
-    if isinstance(spec, bool) or not isinstance(spec, int | Sequence):
-        raise ValueError(f"modes on dim {dim} must be an int or a sequence of ints, got {spec!r}")
-    if isinstance(spec, int):
-        if spec < 1:
-            raise ValueError(f"modes on dim {dim}: k = {spec} must be at least 1")
-        if half:
-            if spec > limit:
-                raise ValueError(
-                    f"modes on dim {dim}: k = {spec} exceeds the {limit} frequencies of the half spectrum of extent {n}"
-                )
-            return tuple(range(spec))
-        if 2 * spec > n:
-            raise ValueError(f"modes on dim {dim}: 2k = {2 * spec} exceeds the extent {n}")
-        return tuple(range(spec)) + tuple(range(n - spec, n))
-    if len(spec) == 0:
-        raise ValueError(f"modes on dim {dim}: the index list is empty")
-    out = []
-    for i in spec:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise ValueError(f"modes on dim {dim}: index {i!r} is not an int")
-        if not -n <= i < n:
-            raise ValueError(f"modes on dim {dim}: index {i} is out of range for extent {n}")
-        f = i + n if i < 0 else i
-        if f >= limit:
-            raise ValueError(
-                f"modes on dim {dim}: index {i} is beyond the half spectrum (0..{limit - 1}) of extent {n}"
-            )
-        out.append(f)
-    if len(set(out)) != len(out):
-        raise ValueError(f"modes on dim {dim}: duplicate indices in {list(spec)}")
-    return tuple(out)
-
-
-def mode_lists(modes: ModeSpec | Sequence[ModeSpec], global_shape: tuple[int, ...], real: bool) -> tuple:
-    """Per-dim kept indices (``mode_indices``) for ``modes`` given per dim, or as one int for all dims."""
-    d = len(global_shape)
-    if isinstance(modes, int):
-        modes = (modes,) * d
-    if len(modes) != d:
-        raise ValueError(f"modes needs one entry per dim of global_shape {global_shape}, got {len(modes)}")
-    return tuple(
-        mode_indices(spec, n, i, real and i == d - 1)
-        for i, (spec, n) in enumerate(zip(modes, global_shape, strict=True))
-    )
-
-
-def padding_pairs(padding: PaddingSpec | None, global_shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """``(before, after)`` zeros per dim: None pads nothing; an int p pads p zeros after every dim;
-    a sequence has one entry per dim, an int p (p zeros after) or a pair ``(before, after)``. Each side
-    takes at most the dim's extent N of zeros (ValueError naming ``padding`` otherwise)."""
-    d = len(global_shape)
-    if padding is None:
-        return ((0, 0),) * d
-    if isinstance(padding, int) and not isinstance(padding, bool):
-        padding = (padding,) * d
-    if not isinstance(padding, Sequence) or len(padding) != d:
-        raise ValueError(f"padding needs an int or one entry per dim of global_shape {global_shape}, got {padding!r}")
-    pairs = []
-    for dim, (spec, n) in enumerate(zip(padding, global_shape, strict=True)):
-        pair = (0, spec) if isinstance(spec, int) and not isinstance(spec, bool) else spec
-        if (
-            not isinstance(pair, Sequence)
-            or len(pair) != 2
-            or any(isinstance(p, bool) or not isinstance(p, int) for p in pair)
-        ):
-            raise ValueError(f"padding on dim {dim} must be an int or a pair (before, after) of ints, got {spec!r}")
-        if not all(0 <= p <= n for p in pair):
-            raise ValueError(f"padding on dim {dim}: {spec!r} must be between 0 and the extent {n} on each side")
-        pairs.append(tuple(pair))
-    return tuple(pairs)
 
 
 def folded_rows(modes: Sequence[int], n: int) -> int:
@@ -220,6 +139,24 @@ def best_order(
 
     order = min(itertools.permutations(range(len(local))), key=cost)
     return order, contraction_flops(order, local, kept, real, rows)
+
+
+def transform_flops(
+    local_shape: Sequence[int], modes: Sequence[Sequence[int]], extents: Sequence[int], real: bool
+) -> tuple[int, int]:
+    """Real FLOPs of one field's forward and inverse partial DFTs on a block of ``local_shape``, keeping
+    ``modes`` (per dim, the kept indices of ``extents``, the padded global shape) in the orders a
+    ``TruncatedFFT`` chooses: its ``flops`` and ``inverse_flops``. The interface the cost models use."""
+    (_, forward), (_, inverse) = _orders(local_shape, modes, extents, real)
+    return forward, inverse
+
+
+def _orders(local_shape, modes, extents, real) -> tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]:
+    """The forward's contraction order and FLOPs, and the inverse's (``best_order`` with their copies)."""
+    kept = [len(m) for m in modes]
+    rows = [folded_rows(m, n) for m, n in zip(modes, extents, strict=True)]
+    forward = best_order(local_shape, kept, real, FORWARD_COPY_FLOPS, rows)
+    return forward, best_order(local_shape, kept, real, INVERSE_COPY_FLOPS, rows)
 
 
 @dataclass(frozen=True)
@@ -576,11 +513,8 @@ class TruncatedFFT(ComplexModule):
         self.num_modes = math.prod(self.mode_shape)
         self.local_slices = self.layout.local_slices
         self.local_shape = self.layout.local_shape
-        rows = [folded_rows(m, n) for m, n in zip(self.modes, self.padded_shape, strict=True)]
-        self.order, self.flops = best_order(self.local_shape, self.mode_shape, real, FORWARD_COPY_FLOPS, rows)
-        self.inverse_order, self.inverse_flops = best_order(
-            self.local_shape, self.mode_shape, real, INVERSE_COPY_FLOPS, rows
-        )
+        forward, inverse = _orders(self.local_shape, self.modes, self.padded_shape, real)
+        (self.order, self.flops), (self.inverse_order, self.inverse_flops) = forward, inverse
         device = resolve_device(device)
         self._build_stages(dtype, cdtype, device)
         self._workspace = Workspace()

@@ -54,10 +54,11 @@ from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.output import positive_int, shape_arg
 from drift.bench.runner import barrier, bench_device, rank_zero, spread
 from drift.launch import rank_device, run_ranks
+from drift.modes import mode_lists
 from drift.nn import FNO, METHODS
 from drift.nn.auto import factorisations
 from drift.profiling import synchronize_device
-from drift.truncated import best_order, folded_rows, mode_lists
+from drift.truncated import transform_flops
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 BATCH_TARGET_S = 0.01  # each timed batch of back-to-back calls lasts about this long
@@ -448,7 +449,7 @@ def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], 
     """Modelled forward seconds of one FNO block (batch 1, float32, real 3D+time field) for drift and dfno.
 
     Both: spectral multiply (8 in out M / P FLOP) and pointwise linear (2 width^2 local points).
-    drift: forward and inverse partial DFTs (``best_order`` FLOPs, conjugate pairs folded, per channel) plus
+    drift: forward and inverse partial DFTs (``drift.truncated.transform_flops``, per channel) plus
     the reduce-scatter and the all-gather of the ``width x M`` complex64 spectrum (padded as its shares
     are) on the fastest reduction mesh (``drift_reduction``; ``unfactorised_comm_s``: one level per split
     dim). dfno: forward and inverse real FFTs (2.5 V log2 V FLOP per channel, V the global points, split
@@ -459,11 +460,10 @@ def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], 
     local = [math.ceil(n / p) for n, p in zip(shape, grid, strict=True)]
     lists = mode_lists(tuple(modes), tuple(shape), True)
     kept = [len(m) for m in lists]
-    rows = [folded_rows(m, n) for m, n in zip(lists, shape, strict=True)]
     m = math.prod(kept)
     shared_flops = 8 * width * width * m / size + 2 * width * width * math.prod(local)
     model = Fit(cluster.alpha_s, cluster.beta_s_per_byte)
-    drift_flops = shared_flops + 2 * width * best_order(local, kept, True, rows=rows)[1]
+    drift_flops = shared_flops + width * sum(transform_flops(local, lists, shape, True))
     split, row = [p for p in grid if p > 1], width * (m // kept[0]) * 8
     reduction, drift_comm = drift_reduction(model, split, kept[0], row)
     volume = math.prod(shape)

@@ -36,7 +36,8 @@ import torch
 
 from drift.errors import PlanError
 from drift.layout import split_reduction
-from drift.truncated import FORWARD_COPY_FLOPS, INVERSE_COPY_FLOPS, ModeSpec, best_order, folded_rows, mode_lists
+from drift.modes import ModeSpec, mode_lists
+from drift.truncated import transform_flops
 
 
 @dataclass(frozen=True)
@@ -245,10 +246,8 @@ def drift_cost(problem: Problem) -> MethodCost:
     p, machine = problem, problem.machine
     lists = mode_lists(p.modes, p.global_shape, p.real)
     kept = [len(m) for m in lists]
-    rows = [folded_rows(m, n) for m, n in zip(lists, p.global_shape, strict=True)]
     local = [math.ceil(n / q) for n, q in zip(p.global_shape, p.parts, strict=True)]
-    forward_flops = best_order(local, kept, p.real, FORWARD_COPY_FLOPS, rows)[1]
-    inverse_flops = best_order(local, kept, p.real, INVERSE_COPY_FLOPS, rows)[1]
+    forward_flops, inverse_flops = transform_flops(local, lists, p.global_shape, p.real)
     flops = p.in_channels * forward_flops + p.out_channels * inverse_flops
     levels = reduction_levels(p.parts, p.reduction)
     sent, seconds = _drift_comm(machine, levels, p.in_channels, p.out_channels, math.prod(kept) * p.complex_bytes)

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 from drift._plan import Workspace
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
+from drift.modes import ModeSpec
 from drift.nn.chunked import (
     accumulate_in_place,
     activate,
@@ -27,7 +28,6 @@ from drift.nn.norm import NORMS, GlobalNorm
 from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, skip_connection
 from drift.nn.spectral import SpectralConv, layout_of
 from drift.profiling import phase
-from drift.truncated import ModeSpec
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
 

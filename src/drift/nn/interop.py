@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from drift.truncated import ModeSpec, mode_lists
+from drift.modes import ModeSpec, mode_lists
 
 
 def neuralop_n_modes(global_shape: Sequence[int], modes: ModeSpec | Sequence[ModeSpec], real: bool = True) -> tuple:

@@ -31,6 +31,7 @@ from drift import comm
 from drift._plan import ComplexModule, complex_dtype, real_dtype
 from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, to_dtensor
+from drift.modes import ModeSpec, mode_counts, mode_lists
 from drift.nn.auto import Machine, MethodChoice, choose_method
 from drift.nn.factorized import FactorizedWeight
 from drift.nn.methods import METHODS, SpectralMethod, candidates, method_named
@@ -38,32 +39,11 @@ from drift.nn.mixing import mix_channels
 from drift.nn.padding import check_padding_mode, padding_at, padding_fractions
 from drift.nn.replicated import replicate_over
 from drift.profiling import phase
-from drift.truncated import ModeSpec, mode_lists
 
 __all__ = ["AUTO", "METHODS", "SpectralConv", "layout_of", "mix_channels", "mode_counts", "spectral_weight"]
 
 AUTO = "auto"  # a method chosen by drift.nn.auto's cost model (at parallelize, or at the first input on one device)
 MAX_PLANS = 4  # plans kept per layer (resolutions and layouts met most recently)
-
-
-def mode_counts(modes: Sequence[ModeSpec], real: bool) -> tuple[int, ...]:
-    """``(K1, ..., Kd)``: retained modes per dim for per-dim specs (an int k keeps 2k, or k on the
-    last dim of a real layer; a list keeps its entries), whatever the resolution."""
-    if isinstance(modes, int) or not isinstance(modes, Sequence) or not 1 <= len(modes) <= 4:
-        raise ValueError(f"modes needs one entry per spatial dim (1 to 4 dims), got {modes!r}")
-    counts = []
-    for dim, spec in enumerate(modes):
-        if isinstance(spec, bool) or not isinstance(spec, int | Sequence):
-            raise ValueError(f"modes on dim {dim} must be an int or a sequence of ints, got {spec!r}")
-        if isinstance(spec, int):
-            if spec < 1:
-                raise ValueError(f"modes on dim {dim}: k = {spec} must be at least 1")
-            counts.append(spec if real and dim == len(modes) - 1 else 2 * spec)
-        else:
-            if len(spec) == 0:
-                raise ValueError(f"modes on dim {dim}: the index list is empty")
-            counts.append(len(spec))
-    return tuple(counts)
 
 
 def spectral_weight(
@@ -86,7 +66,7 @@ class SpectralConv(ComplexModule):
     Args:
         in_channels, out_channels: channel counts.
         modes: retained modes per spatial dim (1 to 4 dims): Li et al.'s k, or explicit frequency lists
-            (see ``drift.truncated.mode_indices``); every extent must hold them.
+            (see ``drift.modes.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (``drift.nn.methods``), which compute the same function,
             or "auto" (the one ``drift.nn.auto``'s cost model predicts fastest, at ``parallelize`` or at
             the first input on one device).
