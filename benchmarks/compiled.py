@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from drift.arguments import shape as shape_arg
 from drift.nn import FNO
 from drift.profiling import synchronize_device
 
@@ -35,7 +36,7 @@ def _seconds(fn) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="32x32x32x16")
+    parser.add_argument("--shape", type=shape_arg, default=shape_arg("32x32x32x16"))
     parser.add_argument("--width", type=int, default=20)
     parser.add_argument("--modes", type=int, nargs="+", default=[8, 8, 8, 8])
     parser.add_argument("--layers", type=int, default=4)
@@ -45,7 +46,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args()
-    shape = tuple(int(n) for n in args.shape.split("x"))
+    shape = args.shape
+    shape_text = "x".join(map(str, shape))
     device = torch.device(args.device)
     torch.manual_seed(0)
     model = FNO(5, 5, args.width, tuple(args.modes), n_layers=args.layers, device=device)
@@ -74,7 +76,7 @@ def main() -> None:
         times["compiled step"].append(_seconds(lambda: step(compiled)))
     medians = {k: statistics.median(v) for k, v in times.items()}
     print(
-        f"FNO {args.shape}, batch {args.batch}, width {args.width}, modes {tuple(args.modes)}, {args.layers} layers, "
+        f"FNO {shape_text}, batch {args.batch}, width {args.width}, modes {tuple(args.modes)}, {args.layers} layers, "
         f"{device}, {torch.get_num_threads()} threads, torch.compile mode {args.mode!r}, torch {torch.__version__}"
     )
     print(

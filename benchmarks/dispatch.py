@@ -34,6 +34,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import drift.truncated
+from drift.arguments import shape as shape_arg
 from drift.layout import Layout
 from drift.nn import PointwiseLinear, SpectralConv, chunked, fno_block
 from drift.profiling import synchronize_device
@@ -98,7 +99,7 @@ def _measure(fn, device: torch.device, repeats: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="64x64x32x30")
+    parser.add_argument("--shape", type=shape_arg, default=shape_arg("64x64x32x30"))
     parser.add_argument("--width", type=int, default=20)
     parser.add_argument("--modes", type=int, nargs="+", default=[8, 8, 8, 16])
     parser.add_argument("--method", default="drift")
@@ -106,7 +107,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args()
-    shape = tuple(int(n) for n in args.shape.split("x"))
+    shape = args.shape
+    shape_text = "x".join(map(str, shape))
     device = torch.device(args.device)
     torch.manual_seed(0)
     conv = SpectralConv(args.width, args.width, tuple(args.modes), method=args.method, device=device)
@@ -130,7 +132,7 @@ def main() -> None:
         with context():
             for name, fn in (("forward", forward), ("forward + backward", step)):
                 rows.append({"chunks": chunks, "pass": name, **_measure(fn, device, args.repeats)})
-    print(f"one {args.method} block, {args.shape}, width {args.width}, modes {tuple(args.modes)}, on {device}")
+    print(f"one {args.method} block, {shape_text}, width {args.width}, modes {tuple(args.modes)}, on {device}")
     columns = [c for c in rows[0] if c not in ("chunks", "pass")]
     print(f"{'chunk sizes of':>15}  {'pass':>18}  " + "  ".join(f"{c:>14}" for c in columns))
     for r in rows:

@@ -25,6 +25,7 @@ import torch
 import torch.multiprocessing as mp
 
 import drift
+from drift.arguments import shape as shape_arg
 from drift.bench import blocks
 from drift.nn import SpectralConv, neuralop_n_modes
 
@@ -65,7 +66,7 @@ def run_single(which, shape, modes, width) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=["64x64x32x30", "128x128x64x30"])
+    parser.add_argument("--shapes", nargs="+", type=shape_arg, default=[(64, 64, 32, 30), (128, 128, 64, 30)])
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--methods", nargs="+", default=list(drift.nn.METHODS))
     parser.add_argument("--modes", type=int, nargs="+", default=[8, 8, 8, 16])
@@ -77,8 +78,8 @@ def main() -> None:
     args = parser.parse_args()
     modes = tuple(args.modes)
     rows = []
-    for text in args.shapes:
-        shape = tuple(int(n) for n in text.split("x"))
+    for shape in args.shapes:
+        text = "x".join(map(str, shape))
         for size in args.nproc:
             for method in args.methods:
                 # One group per method, so that each peak memory is the method's own.
@@ -95,13 +96,13 @@ def main() -> None:
                     f"{backward * 1e3:8.1f} ms | transform {ph.get('transform', 0) * 1e3:7.1f} "
                     f"collectives {ph.get('collectives', 0) * 1e3:7.1f} multiply {ph.get('multiply', 0) * 1e3:6.1f} "
                     f"pointwise+gelu {ph.get('pointwise+gelu', 0) * 1e3:6.1f} ms | payload "
-                    f"{sum(b for _, b in r['collectives']) / 1e6:8.2f} MB in {len(r['collectives'])} calls | "
+                    f"{r['payload_bytes'] / 1e6:8.2f} MB in {len(r['collectives'])} calls | "
                     f"peak {max(r['peak_gb_per_rank']):.2f} GB/rank",
                     flush=True,
                 )
     singles = {}
     if args.neuralop:
-        shape = tuple(int(n) for n in args.shapes[-1].split("x"))
+        shape = args.shapes[-1]
         for which in ("drift", "neuralop"):
             singles[which] = run_single(which, shape, modes, args.width)
             print(f"single process {which}: {singles[which]}", flush=True)

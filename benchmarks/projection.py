@@ -23,6 +23,7 @@ import torch
 from torch.nn import functional as F
 
 import drift.nn.chunked as chunked
+from drift.arguments import shape as shape_arg
 from drift.nn import FNO
 
 
@@ -43,7 +44,7 @@ def _ceilings() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="16x64x32x30", help="the block's spatial extents")
+    parser.add_argument("--shape", type=shape_arg, default=shape_arg("16x64x32x30"), help="the block's spatial extents")
     parser.add_argument("--width", type=int, default=20)
     parser.add_argument("--out-channels", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
@@ -52,7 +53,8 @@ def main() -> None:
     parser.add_argument("--no-whole", action="store_true", help="leave out the whole-tensor variant")
     parser.add_argument("--json")
     args = parser.parse_args()
-    shape = tuple(int(n) for n in args.shape.split("x"))
+    shape = args.shape
+    shape_text = "x".join(map(str, shape))
     torch.manual_seed(0)
     model = FNO(1, args.out_channels, args.width, (2,) * len(shape), n_layers=1)
     x = torch.randn(1, args.width, *shape)
@@ -88,7 +90,7 @@ def main() -> None:
         ceilings.append(_ceilings())
     matmul = statistics.median(c["matmul_gflops"] for c in ceilings)
     copy = statistics.median(c["copy_gbps"] for c in ceilings)
-    print(f"projection {args.width} -> 128 -> {args.out_channels} on {args.shape} ({flops / 1e9:.2f} GFLOP forward)")
+    print(f"projection {args.width} -> 128 -> {args.out_channels} on {shape_text} ({flops / 1e9:.2f} GFLOP forward)")
     print(f"machine: matmul {matmul:.0f} GFLOP/s, copy {copy:.1f} GB/s (medians over the run); medians (fastest)")
     rows = []
     first = next(iter(variants))

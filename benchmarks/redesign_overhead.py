@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from drift.arguments import shape as shape_arg
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [  # (what, global shape, P, modes, layers)
     ("block", (64, 64, 32, 30), 1, (8, 8, 8, 16), 1),
@@ -130,7 +132,7 @@ def _case(text: str) -> tuple:
     what, shape, size = text.split(":")
     if what not in ("block", "fno"):
         raise argparse.ArgumentTypeError(f"a case is block|fno:shape:P, got {text!r}")
-    return what, tuple(int(v) for v in shape.split("x")), int(size), (8, 8, 8, 16), 1 if what == "block" else 4
+    return what, shape_arg(shape), int(size), (8, 8, 8, 16), 1 if what == "block" else 4
 
 
 def main() -> None:
@@ -147,7 +149,7 @@ def main() -> None:
     if args.worker:
         what, shape, modes, layers, repeats = args.worker
         parse = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
-        _worker(what, tuple(int(v) for v in shape.split("x")), parse(modes), int(layers), int(repeats))
+        _worker(what, shape_arg(shape), parse(modes), int(layers), int(repeats))
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="drift-before-") as tmp:

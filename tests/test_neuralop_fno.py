@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.nn import functional as F
 
 import drift
-from drift.nn import FNO, GlobalNorm, PointwiseLinear, SoftGating, parallelize
+from drift.nn import FNO, GlobalNorm, PointwiseLinear, SoftGating, from_neuralop, parallelize, to_neuralop
 
 neuralop_models = pytest.importorskip("neuralop.models", reason="neuraloperator is not installed")
 SHAPE = (9, 8, 6)  # 9 over 4 ranks is 3, 3, 3, 0: an empty shard
@@ -173,7 +173,7 @@ def _run_configs(grid, data):
         block = drift.Layout(y.shape, mesh, placements).local_slices
         results[name] = (y.full_tensor().detach().cpu(), grads, block, log.kinds())
     for i in DISTRIBUTED_NEURALOP:
-        ours = parallelize(FNO.from_neuralop(_neuralop_model(NEURALOP_CONFIGS[i], 3), device=device), mesh, placements)
+        ours = parallelize(from_neuralop(_neuralop_model(NEURALOP_CONFIGS[i], 3), device=device), mesh, placements)
         x = distribute_tensor(_neuralop_input().to(device), mesh, placements, src_data_rank=None)
         with torch.no_grad():
             results[f"from-neuralop-{i}"] = ours(x).full_tensor().cpu()
@@ -248,15 +248,15 @@ def _neuralop_input() -> torch.Tensor:
 def test_from_neuralop_matches_neuraloperator_and_round_trips(options):
     theirs = _neuralop_model(options, 3)
     x = _neuralop_input()
-    ours = FNO.from_neuralop(theirs)
+    ours = from_neuralop(theirs)
     with torch.no_grad():
         want = theirs(x)
         assert rel_err(ours(x), want) <= 1e-5
         # In float64 drift equals the reference formula; neuraloperator itself runs only in float32.
-        wide = FNO.from_neuralop(theirs, dtype=torch.float64)
+        wide = from_neuralop(theirs, dtype=torch.float64)
         assert rel_err(wide(x.double()), reference(wide, x.double())) <= 1e-12
         assert rel_err(wide(x.double()), want) <= 1e-5
-    back = ours.to_neuralop()
+    back = to_neuralop(ours)
     state, restored = theirs.state_dict(), back.state_dict()
     tensors = [k for k, v in state.items() if isinstance(v, torch.Tensor)]
     assert tensors == [k for k, v in restored.items() if isinstance(v, torch.Tensor)]
@@ -269,7 +269,7 @@ def test_to_neuralop_of_a_drift_model_computes_the_same_function(factorization):
     ours = build("neuralop-defaults", factorization=factorization, rank=0.4).float().eval()
     x = random_tensor((2, 2, *EVEN_SHAPE), torch.float32, 5)
     with torch.no_grad():
-        assert rel_err(ours.to_neuralop()(x), ours(x)) <= 1e-5
+        assert rel_err(to_neuralop(ours)(x), ours(x)) <= 1e-5
 
 
 def test_neuralop_defaults_are_neuraloperators():
@@ -298,7 +298,7 @@ def test_neuralop_defaults_are_neuraloperators():
 def test_from_neuralop_refuses_what_drift_cannot_reproduce(options, match):
     theirs = neuralop_models.FNO((4, 4, 6), 2, 3, 6, n_layers=2, **options)
     with drift.comm_log() as log, pytest.raises(ValueError, match=match):
-        FNO.from_neuralop(theirs)
+        from_neuralop(theirs)
     assert log.calls == []
 
 
@@ -319,6 +319,6 @@ def test_bad_options_are_clear_errors():
         with pytest.raises(ValueError, match=match):
             FNO(2, 1, 6, (2, 2, 3), **options)
     with pytest.raises(ValueError, match="to_neuralop: domain_padding"):
-        FNO.neuralop_defaults(2, 1, 6, (2, 2, 3), domain_padding=0.1).to_neuralop()
+        to_neuralop(FNO.neuralop_defaults(2, 1, 6, (2, 2, 3), domain_padding=0.1))
     with pytest.raises(ValueError, match="to_neuralop: use_channel_mlp=False with norm=None"):
-        FNO(2, 1, 6, (2, 2, 3)).to_neuralop()
+        to_neuralop(FNO(2, 1, 6, (2, 2, 3)))

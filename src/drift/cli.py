@@ -21,8 +21,8 @@ import torch
 
 import drift
 from drift import comm
+from drift.arguments import extents, positive
 from drift.bench.cli import add_parser as add_bench_parser
-from drift.bench.output import positive
 
 if TYPE_CHECKING:
     from drift.launch import RankError
@@ -346,28 +346,14 @@ def _auto(text: str) -> str:
     return text
 
 
-def _grid(text: str) -> tuple[int, ...]:
-    try:
-        grid = tuple(int(p) for p in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a grid like 4x1x1") from None
-    if len(grid) != 3 or min(grid) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: need three positive rank counts (x, y, z), like 4x1x1")
-    return grid
+_grid = extents("a grid", "4x1x1", count=3)
+_reduction_shape = extents("a reduction", "8x4")
 
 
 def _reduction(text: str) -> tuple[int, ...] | str:
     from drift.train import HOSTS
 
-    if text == HOSTS:
-        return text
-    try:
-        shape = tuple(int(p) for p in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a reduction like 8x4") from None
-    if min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: needs positive rank counts, like 8x4")
-    return shape
+    return text if text == HOSTS else _reduction_shape(text)
 
 
 def _modes(text: str) -> tuple[int, ...]:

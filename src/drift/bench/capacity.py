@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from drift.arguments import positive_float, positive_int
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
-from drift.bench.output import positive_float, positive_int
 from drift.bench.runner import available_gb, peak_private_gb, peak_rss_gb
 from drift.launch import RankError, run_ranks
 from drift.nn import FNO, METHODS

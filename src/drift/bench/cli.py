@@ -13,8 +13,8 @@ import sys
 
 import torch
 
+from drift.arguments import positive_int
 from drift.bench import capacity, comm, modes, phases, scaling, training
-from drift.bench.output import positive_int
 from drift.bench.runner import DEVICE_ENV
 from drift.launch import set_rank_threads
 

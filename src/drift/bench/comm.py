@@ -49,9 +49,10 @@ import numpy as np
 import torch
 
 from drift import comm as collectives
+from drift.arguments import positive_int
+from drift.arguments import shape as shape_arg
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
-from drift.bench.output import positive_int, shape_arg
 from drift.bench.runner import barrier, bench_device, rank_zero, spread
 from drift.launch import rank_device, run_ranks
 from drift.modes import mode_lists
@@ -558,7 +559,7 @@ def run(args: argparse.Namespace) -> int:
         md[:0] = [output.markdown(fit_rows, fit_header), _summary(model), output.markdown(*_points_table(rows, model))]
     (args.out / "comm.md").write_text("\n\n".join(md) + "\n")
     if model:
-        plots.comm(rows, model, args.out / "comm_fit.png")
+        plots.comm(rows, lambda kind, size: model_for(model, kind, size), args.out / "comm_fit.png")
     plots.projection(projection, cluster.name, args.out / "projection.png")
     print(f"wrote {path} and plots in {args.out}")
     return 0

@@ -79,36 +79,6 @@ def markdown(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def positive(kind: type):
-    """argparse type: a positive ``kind`` (int or float)."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-        return value
-
-    return parse
-
-
-positive_int = positive(int)
-positive_float = positive(float)
-
-
-def shape_arg(text: str) -> tuple[int, ...]:
-    """argparse type: a grid like ``64x64x32x30``."""
-    try:
-        shape = tuple(int(n) for n in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a shape is like 64x64x32x30, got {text!r}") from None
-    if min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"a shape needs positive extents, got {text!r}")
-    return shape
-
-
 def finish(
     out: Path, command: str, config: dict[str, Any], tables: Sequence[tuple[str, list, list]], **content
 ) -> Path:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from drift.arguments import positive_int
+from drift.arguments import shape as shape_arg
 from drift.bench import blocks, output, plots
-from drift.bench.output import positive_int, shape_arg
 from drift.nn import METHODS
 
 PHASES = ("transform", "collectives", "multiply", "pointwise+gelu", "lift+projection", "other")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,17 +25,15 @@ def _save(fig, path: Path) -> None:
     fig.clf()
 
 
-def comm(rows: Sequence[dict], model: dict, path: Path) -> None:
+def comm(rows: Sequence[dict], fit_for: Callable[[str, int], Any], path: Path) -> None:
     """Mean seconds per call against message size, per collective and P (quartiles as bars), with the
-    fitted model of each P (``drift.bench.comm.fits_from_sweep``)."""
-    from drift.bench.comm import model_for
-
+    fitted model of each P: ``fit_for(kind, P)``, a ``drift.bench.comm.Fit`` (or None)."""
     plt = _pyplot()
     kinds = sorted({r["kind"] for r in rows})
     fig, axes = plt.subplots(1, max(1, len(kinds)), figsize=(4 * max(1, len(kinds)), 3.4), squeeze=False)
     for ax, kind in zip(axes[0], kinds, strict=False):
         for size in sorted({r["ranks"] for r in rows if r["kind"] == kind}):
-            fit = model_for(model, kind, size)
+            fit = fit_for(kind, size)
             mine = sorted((r for r in rows if r["kind"] == kind and r["ranks"] == size), key=lambda r: r["bytes"])
             n = [r["bytes"] for r in mine]
             mean = [r["seconds"]["mean"] for r in mine]

@@ -20,8 +20,8 @@ import dataclasses
 import statistics
 from pathlib import Path
 
+from drift.arguments import positive_float, positive_int
 from drift.bench import output
-from drift.bench.output import positive_float, positive_int
 from drift.data import read_layout
 from drift.launch import RankError, run_ranks
 from drift.nn import METHODS

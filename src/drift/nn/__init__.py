@@ -9,6 +9,7 @@ from drift.nn.interop import (
     to_neuralop_factors,
     to_neuralop_weight,
 )
+from drift.nn.neuralop import from_neuralop, to_neuralop
 from drift.nn.norm import GlobalNorm
 from drift.nn.parallel import clip_grad_norm_, parallelize
 from drift.nn.pointwise import ChannelMLP, PointwiseLinear, SoftGating, skip_connection
@@ -29,12 +30,14 @@ __all__ = [
     "SpectralConv",
     "clip_grad_norm_",
     "fno_block",
+    "from_neuralop",
     "from_neuralop_factors",
     "from_neuralop_weight",
     "neuralop_n_modes",
     "parallelize",
     "skip_connection",
     "spectral_weight",
+    "to_neuralop",
     "to_neuralop_factors",
     "to_neuralop_weight",
 ]

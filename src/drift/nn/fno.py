@@ -248,21 +248,6 @@ class FNO(nn.Module):
         ``options`` override them or set any other argument. ``modes`` are drift's (``k`` keeps ``2k``)."""
         return cls(in_channels, out_channels, width, modes, n_layers, **{**NEURALOP_DEFAULTS, **options})
 
-    @classmethod
-    def from_neuralop(cls, model: nn.Module, **options) -> FNO:
-        """The drift FNO computing what neuraloperator 2.0 ``FNO`` ``model`` computes, its weights
-        copied; ``options`` are drift's (``method``, ``dtype``, ``device``). ValueError naming the option
-        for what drift cannot reproduce (``drift.nn.neuralop``)."""
-        from drift.nn.neuralop import from_neuralop
-
-        return from_neuralop(model, **options)
-
-    def to_neuralop(self) -> nn.Module:
-        """This model as a neuraloperator 2.0 ``FNO`` (single-device, float32) computing the same function."""
-        from drift.nn.neuralop import to_neuralop
-
-        return to_neuralop(self)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(batch, in_channels, *spatial)``, a plain tensor, or a DTensor once parallelized;
         returns ``(batch, out_channels, *spatial)`` alike."""

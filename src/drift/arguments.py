@@ -1,0 +1,43 @@
+"""argparse types shared by ``drift``'s command line, ``drift bench`` and the scripts in benchmarks/."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def positive(kind: type) -> Callable[[str], int | float]:
+    """argparse type: a positive ``kind`` (int or float)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def extents(what: str, example: str, count: int | None = None) -> Callable[[str], tuple[int, ...]]:
+    """argparse type: positive ints joined by ``x`` (``example``, like 64x64x32x30), ``count`` of them
+    when given; its errors name ``what`` ("a shape", "a grid")."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(n) for n in text.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} like {example}") from None
+        if min(values) < 1 or (count is not None and len(values) != count):
+            many = f"{count} positive numbers" if count is not None else "positive numbers"
+            raise argparse.ArgumentTypeError(f"{text!r}: {what} needs {many}, like {example}")
+        return values
+
+    return parse
+
+
+positive_int = positive(int)
+positive_float = positive(float)
+shape = extents("a shape", "64x64x32x30")
