@@ -24,6 +24,7 @@ from test_train import _fails_with_one_line, tiny_data
 from torch.distributed.checkpoint.api import CheckpointException
 
 import drift.train
+import drift.train.loop
 from drift import comm
 from drift.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, usable_checkpoint
 from drift.checkpoint_reader import ALLOWED, CheckpointReader, RefusedData, WeightsOnlyLoadPlanner
@@ -110,7 +111,7 @@ def test_crafted_metadata_is_refused_on_resume(capfd, data, pristine, tmp_path):
 def _rank_1_crafts_then_dies(config) -> list[dict]:
     """``train_rank`` with rank 1, once per test folder, replacing epoch 2's ``.metadata`` by a crafted
     pickle right after that checkpoint and then dying: the restarted job must pass it over."""
-    crafted, save = Path(config.out).parent / "crafted", drift.train.save_checkpoint
+    crafted, save = Path(config.out).parent / "crafted", drift.train.loop.save_checkpoint
 
     def save_then_craft(root, epoch: int, *args, **kwargs):
         path = save(root, epoch, *args, **kwargs)
@@ -120,7 +121,7 @@ def _rank_1_crafts_then_dies(config) -> list[dict]:
             os._exit(1)
         return path
 
-    with mock.patch.object(drift.train, "save_checkpoint", save_then_craft):
+    with mock.patch.object(drift.train.loop, "save_checkpoint", save_then_craft):
         return train_rank(config)
 
 

@@ -23,6 +23,7 @@ from test_train import tiny_data
 
 import drift
 import drift.train
+import drift.train.loop
 from drift import comm
 from drift.cli import main
 from drift.stopping import EXIT_STOPPED, STOPPED
@@ -48,7 +49,7 @@ def whole(tmp_path_factory, data):
 
 def _at_step(config, epoch: int, step: int, rank: int, action):
     """``train_rank`` with rank ``rank`` calling ``action()`` as epoch ``epoch``'s step ``step`` begins."""
-    set_rate, steps = drift.train.set_learning_rate, []
+    set_rate, steps = drift.train.loop.set_learning_rate, []
 
     def hooked(*args):
         steps.append(None)
@@ -57,7 +58,7 @@ def _at_step(config, epoch: int, step: int, rank: int, action):
             action()
         return set_rate(*args)
 
-    with mock.patch.object(drift.train, "set_learning_rate", hooked):
+    with mock.patch.object(drift.train.loop, "set_learning_rate", hooked):
         return train_rank(config)
 
 
@@ -128,14 +129,14 @@ def test_sigterm_to_the_command_reaches_its_ranks(data, whole, tmp_path):
 def test_checkpoint_every_writes_mid_epoch_checkpoints_that_pruning_clears(monkeypatch, data, tmp_path):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "run"
-    saved, save = [], drift.train.save_checkpoint
+    saved, save = [], drift.train.loop.save_checkpoint
 
     def recording(root, epoch, *args, step=None, **kwargs):
         saved.append((epoch, step))
         return save(root, epoch, *args, step=step, **kwargs)
 
     assert main(_run(data, tmp_path / "plain", "--epochs", "3")) == 0
-    monkeypatch.setattr(drift.train, "save_checkpoint", recording)  # one rank: this process
+    monkeypatch.setattr(drift.train.loop, "save_checkpoint", recording)  # one rank: this process
     # Every step boundary is due (a thousandth of a second): each step writes one.
     assert main(_run(data, out, "--epochs", "3", "--checkpoint-every", "0.00001")) == 0
     assert saved == [(e, s) for e in (1, 2, 3) for s in (1, 2, None)]

@@ -33,6 +33,7 @@ from test_train import _config as _train_config
 from torch.distributed.checkpoint import filesystem
 
 import drift.train
+import drift.train.loop
 from drift import comm
 from drift.checkpoint import LOCK, FolderInUse, folder_lock, latest_checkpoint
 from drift.cli import FAILURE_LOG, main
@@ -397,7 +398,7 @@ def test_a_failing_rank_prints_its_traceback_once_and_logs_every_rank(capsys, mo
 
 def _rank_1_dies_before_its_first_checkpoint(config: TrainConfig) -> list[dict]:
     """``train_rank`` with rank 1 dying (``os._exit``) before the epoch-1 checkpoint, once per test folder."""
-    died, save = Path(config.out).parent / "rank-1-died", drift.train.save_checkpoint
+    died, save = Path(config.out).parent / "rank-1-died", drift.train.loop.save_checkpoint
 
     def die_then_save(root, epoch: int, *args, **kwargs):
         if epoch == 1 and comm.rank() == 1 and not died.exists():
@@ -405,7 +406,7 @@ def _rank_1_dies_before_its_first_checkpoint(config: TrainConfig) -> list[dict]:
             os._exit(1)
         return save(root, epoch, *args, **kwargs)
 
-    with mock.patch.object(drift.train, "save_checkpoint", die_then_save):
+    with mock.patch.object(drift.train.loop, "save_checkpoint", die_then_save):
         return train_rank(config)
 
 
@@ -437,7 +438,7 @@ def test_a_fresh_run_restarted_before_its_first_checkpoint_does_not_resume_an_ol
 def _rank_1_dies_once(config: TrainConfig) -> list[dict]:
     """``train_rank`` with rank 1 dying (``os._exit``) right after the epoch-1 checkpoint, once per test
     folder (a marker file beside ``--out`` remembers it)."""
-    died, save = Path(config.out).parent / "rank-1-died", drift.train.save_checkpoint
+    died, save = Path(config.out).parent / "rank-1-died", drift.train.loop.save_checkpoint
 
     def save_then_die(root, epoch: int, *args, **kwargs):
         path = save(root, epoch, *args, **kwargs)
@@ -446,7 +447,7 @@ def _rank_1_dies_once(config: TrainConfig) -> list[dict]:
             os._exit(1)
         return path
 
-    with mock.patch.object(drift.train, "save_checkpoint", save_then_die):
+    with mock.patch.object(drift.train.loop, "save_checkpoint", save_then_die):
         return train_rank(config)
 
 

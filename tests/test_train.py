@@ -28,7 +28,6 @@ from drift.train import (
     ConfigError,
     Sharding,
     TrainConfig,
-    _datasets,
     build_model,
     check_config,
     evaluate,
@@ -37,6 +36,7 @@ from drift.train import (
     reduction_shape,
     train,
 )
+from drift.train.sharding import datasets
 
 DEVICE = os.environ.get(DEVICE_ENV, "cpu")
 
@@ -110,7 +110,7 @@ def test_two_ranks_train_like_one(ranks, data, tmp_path):
 def _weights_and_targets(config: TrainConfig):
     """``frame_weights`` of this rank's training set, and (on one rank) every training target."""
     sharding = Sharding.build(config, comm.world_size(), torch.device(DEVICE).type)
-    train_set, _ = _datasets(config, config.data, None, sharding)
+    train_set, _ = datasets(config, config.data, None, sharding)
     weights = frame_weights(train_set, config.data_parallel, DEVICE).cpu()
     targets = torch.stack([train_set[i][1] for i in range(len(train_set))]) if comm.world_size() == 1 else None
     return weights, targets

@@ -1,6 +1,7 @@
 """Neural-operator layers and models: single-device modules that ``parallelize`` makes distributed."""
 
-from drift.nn.factorized import FACTORIZATIONS, FactorizedWeight
+from drift.nn.auto import Machine
+from drift.nn.factorized import FACTORIZATIONS, FactorizedWeight, cp_rank, tucker_rank
 from drift.nn.fno import FNO, NEURALOP_DEFAULTS, fno_block
 from drift.nn.interop import (
     from_neuralop_factors,
@@ -14,9 +15,10 @@ from drift.nn.norm import GlobalNorm
 from drift.nn.parallel import clip_grad_norm_, parallelize
 from drift.nn.pointwise import ChannelMLP, PointwiseLinear, SoftGating, skip_connection
 from drift.nn.replicated import Replicated
-from drift.nn.spectral import METHODS, SpectralConv, spectral_weight
+from drift.nn.spectral import AUTO, METHODS, SpectralConv, mode_counts, spectral_weight
 
 __all__ = [
+    "AUTO",
     "FACTORIZATIONS",
     "FNO",
     "FactorizedWeight",
@@ -24,15 +26,18 @@ __all__ = [
     "NEURALOP_DEFAULTS",
     "ChannelMLP",
     "GlobalNorm",
+    "Machine",
     "PointwiseLinear",
     "Replicated",
     "SoftGating",
     "SpectralConv",
     "clip_grad_norm_",
+    "cp_rank",
     "fno_block",
     "from_neuralop",
     "from_neuralop_factors",
     "from_neuralop_weight",
+    "mode_counts",
     "neuralop_n_modes",
     "parallelize",
     "skip_connection",
@@ -40,4 +45,5 @@ __all__ = [
     "to_neuralop",
     "to_neuralop_factors",
     "to_neuralop_weight",
+    "tucker_rank",
 ]

@@ -1,0 +1,162 @@
+"""The checks of ``drift train``'s options before any rank starts (``ConfigError`` naming the option),
+and the rank layout they imply: the spatial grid of ranks and the reduction mesh."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from drift.data import SPLITS, held_out_trajectories, read_layout
+from drift.launch import launched
+from drift.layout import chunk_sizes, split_reduction
+from drift.nn import AUTO, FACTORIZATIONS, METHODS, cp_rank, mode_counts, tucker_rank
+from drift.train.config import HOSTS, LOSSES, MODELS, ON_NAN, SCHEDULES, ConfigError, TrainConfig
+from drift.train.resume import resume_point
+from drift.truncated import mode_lists
+
+
+def check_config(config: TrainConfig, world_size: int) -> None:
+    """Reject option values that cannot work, before any rank starts (ConfigError naming the option)."""
+    for name in ("width", "layers", "epochs", "batch_size", "nproc", "t_in", "t_out", "data_parallel", "overlap"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
+    if not config.lr > 0:
+        raise ConfigError(f"--lr must be positive, got {config.lr}")
+    for name in ("checkpoint_every", "collective_timeout"):
+        value = getattr(config, name)
+        if value is not None and not 0 < value < math.inf:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if not config.weight_decay >= 0:
+        raise ConfigError(f"--weight-decay must be non-negative, got {config.weight_decay}")
+    if config.model not in MODELS:
+        raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {config.model!r}")
+    if config.schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {config.schedule!r}")
+    if config.method not in (*METHODS, AUTO):
+        raise ConfigError(f"--method must be one of {', '.join((*METHODS, AUTO))}, got {config.method!r}")
+    if config.factorization is not None:
+        if config.factorization not in FACTORIZATIONS:
+            raise ConfigError(
+                f"--factorization must be one of {', '.join(FACTORIZATIONS)}, got {config.factorization!r}"
+            )
+        shape = (config.width, config.width, *mode_counts(config.modes, real=True))
+        try:
+            (tucker_rank if config.factorization == "tucker" else cp_rank)(shape, config.rank)
+        except ValueError as exc:
+            raise ConfigError(f"--rank {config.rank}: {exc}") from None
+    if config.loss not in LOSSES:
+        raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {config.loss!r}")
+    if config.on_nan not in ON_NAN:
+        raise ConfigError(f"--on-nan must be one of {', '.join(ON_NAN)}, got {config.on_nan!r}")
+    if config.split not in SPLITS:
+        raise ConfigError(f"--split must be one of {', '.join(SPLITS)}, got {config.split!r}")
+    if config.device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
+    if config.device == "cuda":
+        gpus = torch.cuda.device_count()
+        if gpus < 1:
+            raise ConfigError("--device cuda: no CUDA device is available")
+        # Ranks this command starts itself see every GPU and need one each (NCCL); under torchrun or a
+        # scheduler the launcher has placed them.
+        if not launched() and gpus < world_size:
+            raise ConfigError(f"--device cuda: {world_size} ranks on this machine need {world_size} GPUs, found {gpus}")
+    if config.reduction is not None:
+        check_reduction(config, world_size)
+    if config.overlap != 1 and config.method != "drift":
+        raise ConfigError(f"--overlap {config.overlap} applies to --method drift, not {config.method}")
+    if config.resume:
+        resume_point(config)
+    if config.data is None:
+        return
+    trajectories, frames, *extents = read_layout(config.data)
+    check_split(config.split, trajectories, config.data)
+    if frames < config.t_in + config.t_out:
+        raise ConfigError(
+            f"--t-in + --t-out = {config.t_in + config.t_out} exceeds the {frames} frames of {config.data}"
+        )
+    check_resolution(config, extents, world_size)
+
+
+def check_split(split: str, trajectories: int, data: str | Path) -> None:
+    """ConfigError naming ``--split`` unless its rule leaves ``data``'s trajectories both a training and a
+    test set."""
+    test = len(held_out_trajectories(trajectories, split))
+    if test == 0 or test == trajectories:
+        rule = "int(0.1 x N) first" if split == "pdebench" else "round(0.1 x N) last (at least one)"
+        raise ConfigError(
+            f"--split {split}: {data} holds {trajectories} trajectories, and the {rule} leaves {test} to test and "
+            f"{trajectories - test} to train on; PDEBench's rule needs at least 10 (--split last needs 2)"
+        )
+
+
+def spatial_grid(config: TrainConfig, world_size: int) -> tuple[int, ...]:
+    """Ranks per spatial dim: ``--grid``, or a slab of the ``world_size / --data-parallel`` spatial ranks."""
+    if world_size % config.data_parallel:
+        raise ConfigError(f"--data-parallel {config.data_parallel} does not divide the {world_size} ranks")
+    spatial = world_size // config.data_parallel
+    grid = config.grid or (spatial, 1, 1)
+    if len(grid) != 3 or min(grid) < 1 or math.prod(grid) != spatial:
+        raise ConfigError(
+            f"--grid {'x'.join(map(str, grid))}: needs three positive rank counts whose product is the "
+            f"{spatial} spatial ranks ({world_size} ranks / --data-parallel {config.data_parallel})"
+        )
+    return tuple(grid)
+
+
+def reduction_shape(config: TrainConfig, world_size: int) -> tuple[int, ...] | None:
+    """The reduction mesh shape of ``--reduction``: as given, or for ``--reduction hosts`` (HOSTS) the
+    spatial ranks as (hosts, ranks a host): torchrun numbers ranks host by host, LOCAL_WORLD_SIZE a host
+    (``drift train --nproc``: one host); None when one host holds every spatial rank of a field."""
+    if config.reduction != HOSTS:
+        return config.reduction
+    spatial = world_size // config.data_parallel
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if launched() else world_size
+    if per_host >= spatial:
+        return None
+    if spatial % per_host:
+        raise ConfigError(f"--reduction hosts: {per_host} ranks a host do not divide the {spatial} spatial ranks")
+    return (spatial // per_host, per_host)
+
+
+def check_reduction(config: TrainConfig, world_size: int) -> None:
+    """ConfigError unless ``--reduction`` splits the grid's split dims in turn (``drift.reduction_mesh``)
+    for a "drift" model."""
+    if config.method != "drift":
+        raise ConfigError(f"--reduction {_shape_text(config.reduction)} applies to --method drift, not {config.method}")
+    reduction = reduction_shape(config, world_size)
+    if reduction is None:
+        return
+    shape = _shape_text(reduction)
+    split = [p for p in spatial_grid(config, world_size) if p > 1]
+    if min(reduction) < 1 or math.prod(reduction) != math.prod(split):
+        raise ConfigError(
+            f"--reduction {shape}: needs positive entries whose product is the {math.prod(split)} spatial ranks"
+        )
+    try:
+        split_reduction(reduction, split)
+    except ValueError as exc:
+        raise ConfigError(f"--reduction {shape}: {exc}") from None
+
+
+def _shape_text(shape: tuple[int, ...] | str) -> str:
+    return shape if isinstance(shape, str) else "x".join(map(str, shape))
+
+
+def check_resolution(config: TrainConfig, extents: Sequence[int], world_size: int, option: str | None = None) -> None:
+    """ConfigError unless every rank of the grid holds points of the ``extents`` (x, y, z) grid
+    (``torch.chunk`` blocks) and the modes fit it; a misfit names ``option`` (default: ``--modes``)."""
+    grid = spatial_grid(config, world_size)
+    for dim, (n, p) in enumerate(zip(extents, grid, strict=True)):
+        if min(chunk_sizes(n, p)) == 0:
+            raise ConfigError(
+                f"--grid {'x'.join(map(str, grid))}: {p} ranks on dim {dim} ({n} points, torch.chunk blocks "
+                f"of {-(-n // p)}) leave a rank without points"
+            )
+    try:
+        mode_lists(config.modes, (*extents, config.t_out), real=True)
+    except ValueError as exc:
+        raise ConfigError(f"{option or '--modes ' + ','.join(map(str, config.modes))}: {exc}") from None

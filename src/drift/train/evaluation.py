@@ -1,0 +1,155 @@
+"""The test metrics: the relative L2 error of a model on a test set and, in the same pass, PDEBench's
+metrics (``drift.metrics``) on the physical fields; a run's final metrics (``test_metrics.json``); and
+``evaluate``, a checkpoint's metrics on its run's test split at any resolution and on any ranks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from drift import comm
+from drift._plan import resolve_device
+from drift.checkpoint import load_newest, read_meta
+from drift.data import PDEBench3D, read_layout
+from drift.metrics import PDEBenchMetrics
+from drift.nn import FNO
+from drift.train.checks import check_resolution
+from drift.train.config import META_KEYS, MODEL_OPTIONS, ConfigError, config_from
+from drift.train.model import build_model
+from drift.train.resume import check_options, checkpoint_root, find_checkpoint, saved_config
+from drift.train.sharding import Sharding, datasets, global_sum, load_batch, local_block, saved_stats
+
+
+def pdebench_metrics(dataset: PDEBench3D, device) -> PDEBenchMetrics:
+    """An accumulator of PDEBench's metrics over ``dataset``'s trajectories, laid out as its blocks."""
+    return PDEBenchMetrics(dataset.layout, dataset.fields, dataset.t_out, len(dataset), device=device)
+
+
+@torch.no_grad()
+def relative_l2(
+    model: FNO,
+    dataset: PDEBench3D,
+    sharding: Sharding,
+    batch_size: int,
+    device,
+    pdebench: PDEBenchMetrics | None = None,
+) -> float:
+    """Mean over ``dataset``'s trajectories of ``||pred - true|| / ||true||`` over each whole field. The
+    same pass gives ``pdebench`` (when given) the physical fields: prediction and truth de-normalised
+    with the data set's statistics, in float64."""
+    sums = torch.zeros(len(dataset), 2, dtype=torch.float64, device=device)
+    shape = (1, -1, 1, 1, 1, 1)
+    mean, std = (
+        torch.tensor(v, dtype=torch.float64, device=device).view(shape) for v in (dataset.stats.mean, dataset.stats.std)
+    )
+    for start in range(0, len(dataset), batch_size):
+        indices = range(start, min(start + batch_size, len(dataset)))
+        x, y = load_batch(dataset, indices, sharding, device)
+        pred = local_block(model(x))
+        err = (pred - y).square().flatten(1).sum(1, dtype=torch.float64)
+        sums[sharding.share(indices)] += torch.stack([err, y.square().flatten(1).sum(1, dtype=torch.float64)], 1)
+        if pdebench is not None:
+            pdebench.update(pred.double() * std + mean, y.double() * std + mean, sharding.share(indices))
+    total = global_sum(sums)
+    return float((total[:, 0] / total[:, 1]).sqrt().mean())
+
+
+TEST_METRICS = "test_metrics.json"
+
+
+def write_test_metrics(out: Path, split: str, epoch: int, test_l2: float, pdebench: dict, show: bool) -> None:
+    """Rank 0: ``<out>/test_metrics.json`` (the final model's test metrics) and, if ``show``, a line of them."""
+    if comm.rank() != 0:
+        return
+    record = dict(epoch=epoch, split=split, test_rel_l2=test_l2, pdebench=pdebench)
+    (out / TEST_METRICS).write_text(json.dumps(record, indent=2) + "\n")
+    if show:
+        print(f"PDEBench metrics ({split} split): {format_pdebench(pdebench)}")
+
+
+def format_pdebench(metrics: dict) -> str:
+    """PDEBench's metrics on one line (``n/a`` for a Fourier band the grid has no bins in)."""
+
+    def value(name: str) -> str:
+        v = metrics[name]
+        return "n/a" if v is None else f"{v:.4g}"
+
+    return (
+        f"RMSE {value('rmse')}  nRMSE {value('nrmse')}  cRMSE {value('crmse')}  max error {value('max_error')}  "
+        f"bRMSE {value('brmse')}  fRMSE low {value('frmse_low')} mid {value('frmse_mid')} high {value('frmse_high')}"
+    )
+
+
+def evaluate(
+    checkpoint: str | Path,
+    *,
+    data: str | None = None,
+    resolution: int | None = None,
+    method: str | None = None,
+    grid=None,
+    data_parallel: int = 1,
+    device="cpu",
+    batch_size: int = 2,
+) -> dict:
+    """Relative L2 and PDEBench's metrics (``drift.metrics``, on the de-normalised fields) of a checkpoint's
+    model on its run's test split (the run's ``split``), on however many ranks call this.
+
+    ``checkpoint``: a run folder (its latest checkpoint), its ``checkpoints`` folder or one checkpoint.
+    ``data`` defaults to the file the run trained on, at its own resolution or at ``resolution``
+    points per spatial dim (every (N / resolution)-th point of a file with N points per dim): the
+    same weights at any resolution, zero-shot super-resolution above the training one. ``method``
+    defaults to the run's (any method loads any other's checkpoint: the weights are the same global
+    ones); ``grid`` and ``data_parallel`` lay out the ranks as for training. A damaged latest checkpoint
+    is passed over for the newest older one that loads (``load_newest``). Returns a dict: the checkpoint,
+    where it was trained, ``split``, ``test_rel_l2`` and ``pdebench`` (``PDEBenchMetrics.compute``'s).
+    """
+    meta = read_meta(find_checkpoint(checkpoint), META_KEYS)
+    # The run's reduction mesh fits its own ranks; evaluation reduces once per mesh dim.
+    config = config_from(saved_config(meta), grid=grid, data_parallel=data_parallel, reduction=None)
+    config.method = method or config.method
+    config.data = data or config.data
+    where = resolve_device(device)
+    _, _, *extents = read_layout(config.data)
+    stride = resolution_stride(extents, resolution)
+    option = f"--resolution {resolution}" if resolution else f"--data {config.data}"
+    check_resolution(config, [n // stride for n in extents], comm.world_size(), option)
+    sharding = Sharding.build(config, comm.world_size(), where.type)
+    model = build_model(config, where, sharding, (*(n // stride for n in extents), config.t_out))
+
+    def check(path: Path, meta: dict) -> None:
+        check_options(config, path, meta, names=MODEL_OPTIONS)
+
+    path, meta = load_newest(checkpoint_root(checkpoint), model, check=check, keys=META_KEYS)
+    _, test_set = datasets(config, Path(config.data), saved_stats(meta), sharding, stride)
+    pdebench = pdebench_metrics(test_set, where)
+    l2 = relative_l2(model, test_set, sharding, batch_size, where, pdebench)
+    return dict(
+        checkpoint=str(path),
+        epoch=meta["epoch"],
+        trained_on=meta["world_size"],
+        trained_resolution=meta["global_shape"],
+        resolution=list(test_set.global_shape),
+        ranks=comm.world_size(),
+        method=config.method,
+        split=config.split,
+        test_rel_l2=l2,
+        test_trajectories=len(test_set),
+        pdebench=pdebench.compute(),
+    )
+
+
+def resolution_stride(extents: Sequence[int], resolution: int | None) -> int:
+    """The stride that reads a grid of ``extents`` points per dim at ``resolution`` points per dim
+    (1 for None); ConfigError unless every extent is ``resolution`` times it."""
+    if resolution is None:
+        return 1
+    stride = max(1, extents[0] // resolution)
+    if any(n != stride * resolution for n in extents):
+        raise ConfigError(
+            f"--resolution {resolution}: the data's {'x'.join(map(str, extents))} grid is not a multiple of it; "
+            f"write a data set at that resolution (drift generate --resolution {resolution}) and pass it as --data"
+        )
+    return stride

@@ -1,0 +1,60 @@
+"""The model and optimizer of a run: the FNO drawn from the run's seed and parallelized over its mesh, and
+Adam(W) with drift's fused step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from drift import optim
+from drift.data import FIELDS
+from drift.launch import GROUP_TIMEOUT_S
+from drift.layout import reduction_mesh
+from drift.nn import AUTO, FNO, Machine, parallelize
+from drift.train.checks import reduction_shape
+from drift.train.config import TrainConfig
+from drift.train.sharding import Sharding
+
+
+def build_model(
+    config: TrainConfig, device, sharding: Sharding | None = None, global_shape: Sequence[int] | None = None
+) -> FNO:
+    """The FNO for ``config``, its parameters drawn from ``torch.manual_seed(config.seed)`` (without
+    touching the caller's random state), parallelized over ``sharding``'s mesh when it has one.
+    ``global_shape``: the model's input extents (x, y, z, t_out), which ``--method auto`` chooses by."""
+    fields = len(FIELDS)
+    constructor = FNO.neuralop_defaults if config.model == "neuralop" else FNO
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = constructor(
+            fields * config.t_in + 1,
+            fields,
+            config.width,
+            config.modes,
+            config.layers,
+            method=config.method,
+            factorization=config.factorization,
+            rank=config.rank,
+            device=device,
+        )
+    if sharding is not None and sharding.mesh is not None:
+        reduction = reduction_shape(config, sharding.mesh.size())
+        if reduction is not None:
+            spatial = [a for a, p in enumerate(sharding.placements) if p.dim >= 2]
+            reduction = reduction_mesh(sharding.mesh, spatial, reduction, timeout_s=GROUP_TIMEOUT_S)
+        options = dict(reduction=reduction, overlap=config.overlap, global_shape=global_shape)
+        parallelize(model, sharding.mesh, sharding.placements, **options)
+    elif config.method == AUTO and global_shape is not None:
+        for layer in model.spectral:
+            layer.choose_method(global_shape, (1,) * len(global_shape), Machine.default(torch.device(device).type))
+    return model
+
+
+def make_optimizer(config: TrainConfig, model: FNO) -> torch.optim.Optimizer:
+    """Adam at ``--lr``, or AdamW (decoupled weight decay, as neuraloperator's trainer) when
+    ``--weight-decay`` is above 0: torch's, stepped by its fused kernel on the complex spectral weights
+    too (``drift.optim``)."""
+    if config.weight_decay > 0:
+        return optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return optim.Adam(model.parameters(), lr=config.lr)

@@ -1,0 +1,156 @@
+"""A run folder's checkpoints and the rules for continuing from them: the options a checkpoint was trained
+with and which of them must match (``--resume``, a fresh run into an older run's folder, an evaluation),
+the checkpoint a run continues from, restarted and requeued jobs, and the folder's lock."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from drift import comm
+from drift.checkpoint import (
+    CheckpointError,
+    FolderInUse,
+    complete_checkpoints,
+    folder_lock,
+    latest_checkpoint,
+    read_meta,
+    usable_checkpoint,
+)
+from drift.data import read_layout
+from drift.train.config import (
+    LEGACY_OPTIONS,
+    META_KEYS,
+    MODEL_OPTIONS,
+    OPTIMIZER_OPTIONS,
+    ConfigError,
+    TrainConfig,
+)
+
+
+def saved_config(meta: dict) -> dict:
+    """The options a checkpoint's run was trained with (``LEGACY_OPTIONS`` for options it predates)."""
+    return {**LEGACY_OPTIONS, **meta["config"]}
+
+
+def check_options(
+    config: TrainConfig,
+    path: Path,
+    meta: dict,
+    advice: str = "",
+    names: Sequence[str] = (*MODEL_OPTIONS, *OPTIMIZER_OPTIONS),
+) -> None:
+    """CheckpointError naming the first of ``names`` the checkpoint at ``path`` was trained with otherwise."""
+    saved = saved_config(meta)
+    for name in names:
+        option = f"--{name.replace('_', '-')}"
+        if name not in saved:
+            raise CheckpointError(f"{path}: the run was trained without {option} (by an older drift){advice}")
+        if json.loads(json.dumps(getattr(config, name))) != saved[name]:
+            raise CheckpointError(
+                f"{path}: {option} is {getattr(config, name)}, the run was trained with {saved[name]}{advice}"
+            )
+
+
+def resumed_data(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``--resume``'s data: the file the run in ``--out`` trained on where ``--data`` is not
+    given. Another file (the data moved, or were mended) must have the run's grid, ConfigError otherwise;
+    it is read with the run's statistics. CheckpointError as ``resume_point`` when none can be resumed."""
+    if not config.resume:
+        return config
+    _, meta = resume_point(config)
+    trained_on = meta["config"].get("data")
+    if config.data is None:
+        return dataclasses.replace(config, data=trained_on)
+    grid = tuple(read_layout(config.data)[2:])
+    if grid != tuple(meta["global_shape"]):
+        raise ConfigError(
+            f"--resume continues the run trained on the {tuple(meta['global_shape'])} grid of {trained_on}; "
+            f"--data {config.data} has {grid} (train on it into another --out)"
+        )
+    return config
+
+
+def resume_point(config: TrainConfig) -> tuple[Path, dict]:
+    """The checkpoint ``--resume`` continues from (unless DCP then fails to load it: see ``load_newest``)
+    and its meta: ``latest``'s, or the newest older complete one when that one is damaged. CheckpointError
+    if none is whole or the run's options differ."""
+    path = usable_checkpoint(Path(config.out) / "checkpoints", META_KEYS)
+    meta = read_meta(path, META_KEYS)
+    check_options(config, path, meta)
+    return path, meta
+
+
+def check_fresh_run(config: TrainConfig) -> None:
+    """For ``drift train`` without ``--resume``: CheckpointError naming the option if ``--out`` holds
+    checkpoints trained with other options (the fresh run would replace them at its first checkpoint, as
+    it replaces those of a run with the same options and damaged ones)."""
+    if config.resume:
+        return
+    root = Path(config.out) / "checkpoints"
+    advice = f"; a fresh run would replace its checkpoints: use another --out, or delete {root}"
+    for path in complete_checkpoints(root):
+        try:
+            meta = read_meta(path, META_KEYS)
+        except CheckpointError:
+            continue
+        check_options(config, path, meta, advice)
+
+
+def slurm_requeued() -> bool:
+    """Whether this is a SLURM job that was requeued (``SLURM_RESTART_COUNT`` > 0)."""
+    return os.environ.get("SLURM_RESTART_COUNT", "0") not in ("", "0")
+
+
+def restarted(config: TrainConfig) -> TrainConfig:
+    """The config of a restarted job (``drift train --max-restarts``, torchrun's ``--max-restarts``): it
+    resumes from the latest checkpoint that looks whole when ``--out`` holds one of this run, else starts
+    fresh again (a fresh run marks an older run's checkpoints as not its own: ``mark_fresh``)."""
+    if config.resume:
+        return config
+    try:
+        usable_checkpoint(Path(config.out) / "checkpoints", META_KEYS)
+    except CheckpointError:
+        return config
+    return dataclasses.replace(config, resume=True)
+
+
+@contextlib.contextmanager
+def one_writer(out: Path) -> Iterator[None]:
+    """Rank 0 holds ``out``'s lock inside the block; FolderInUse on every rank when another run holds it."""
+    with contextlib.ExitStack() as stack:
+        refused = None
+        if comm.rank() == 0:
+            try:
+                stack.enter_context(folder_lock(out))
+            except FolderInUse as exc:
+                refused = str(exc)
+        refused = comm.broadcast_object(refused)
+        if refused is not None:
+            raise FolderInUse(refused)
+        yield
+
+
+def checkpoint_root(where: str | Path) -> Path:
+    """The folder of checkpoints (or the checkpoint folder) a run folder, its ``checkpoints`` folder or a
+    checkpoint folder names."""
+    root = Path(where)
+    return root / "checkpoints" if (root / "checkpoints").is_dir() else root
+
+
+def find_checkpoint(where: str | Path) -> Path:
+    """The checkpoint a run folder (its latest, or the newest older complete one when that one is
+    damaged), its ``checkpoints`` folder or a checkpoint folder names; CheckpointError if none is whole."""
+    return usable_checkpoint(checkpoint_root(where), META_KEYS)
+
+
+def newest_checkpoint(out: Path) -> str:
+    """The checkpoint ``latest`` names under ``out``, or ``none``."""
+    try:
+        return str(latest_checkpoint(out / "checkpoints"))
+    except CheckpointError:
+        return "none"

@@ -1,0 +1,121 @@
+"""A run set up on one rank (``set_up``): its mesh, model, optimizer and data (a resumed run's weights,
+optimizer state, statistics and history from its newest checkpoint that loads), and the run folder's
+files rank 0 starts with; ``Run`` holds them and what the epochs add to."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from drift import comm
+from drift._plan import resolve_device
+from drift.checkpoint import load_newest, mark_fresh
+from drift.data import FIELDS, PDEBench3D, read_layout
+from drift.nn import FNO
+from drift.stopping import STOPPED, StopSignals
+from drift.timeouts import PhaseTimeouts
+from drift.train.config import META_KEYS, TrainConfig, default_data_path
+from drift.train.epoch import EpochSums
+from drift.train.model import build_model, make_optimizer
+from drift.train.resume import check_options
+from drift.train.sharding import Sharding, datasets, frame_weights, saved_stats
+
+
+@dataclass
+class Run:
+    """A run on this rank: its options, signals and phase timeouts, device, data file, mesh, model and
+    optimizer, the metric rows of its epochs so far (``history``, a resumed run's first), the meta of the
+    checkpoint it resumed from (``saved``), its training and test sets, the loss's frame weights (None for
+    ``--loss mse``) and when it last wrote a checkpoint (``time.monotonic()``)."""
+
+    config: TrainConfig
+    stop: StopSignals
+    timeouts: PhaseTimeouts
+    device: torch.device
+    data: Path
+    sharding: Sharding
+    model: FNO
+    optimizer: torch.optim.Optimizer
+    history: list[dict]
+    saved: dict | None
+    train_set: PDEBench3D
+    test_set: PDEBench3D
+    weights: torch.Tensor | None
+    last_checkpoint: float = 0.0
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the default group."""
+        return comm.rank()
+
+    @property
+    def out(self) -> Path:
+        """The run folder."""
+        return Path(self.config.out)
+
+    @property
+    def start(self) -> int:
+        """The whole epochs done before this run started (a resumed run's)."""
+        return self.saved["epoch"] if self.saved else 0
+
+    @property
+    def count(self) -> int:
+        """Elements per trajectory of the model's output."""
+        return math.prod(self.train_set.global_shape) * len(FIELDS) * self.config.t_out
+
+    @property
+    def every_s(self) -> float:
+        """A checkpoint every --checkpoint-every minutes (rank 0's clock decides; the ranks agree at a step)."""
+        return math.inf if self.config.checkpoint_every is None else 60 * self.config.checkpoint_every
+
+    def meta(self, epoch: int, sums: EpochSums | None = None) -> dict:
+        """A checkpoint's meta: after ``epoch`` whole epochs (and, with ``sums``, steps of the next)."""
+        record = dict(
+            epoch=epoch,
+            world_size=comm.world_size(),
+            config=dataclasses.asdict(self.config) | dict(data=str(self.data)),
+            stats=dataclasses.asdict(self.train_set.stats),
+            global_shape=list(self.train_set.global_shape),
+            history=self.history,
+        )
+        return record if sums is None else record | dict(partial=sums.saved())
+
+
+def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> Run:
+    """This rank's ``Run`` of ``config`` (call on every rank): with ``--resume`` from the newest checkpoint
+    that loads on every rank (CheckpointError if none does or its options differ); rank 0 marks an older
+    run's checkpoints as not this run's (``mark_fresh``, once the data are read) and starts the run folder:
+    ``stats.json``, ``metrics.jsonl`` (a resumed run's rows), no ``stopped.json``."""
+    device = resolve_device(config.device)
+    rank, out = comm.rank(), Path(config.out)
+    data = Path(config.data) if config.data is not None else default_data_path()
+    sharding = Sharding.build(config, comm.world_size(), device.type)
+    model = build_model(config, device, sharding, (*read_layout(data)[2:], config.t_out))
+    if rank == 0 and config.progress and model.spectral[0].choice is not None:
+        print(f"drift train: method {model.spectral[0].choice}", flush=True)
+    optimizer = make_optimizer(config, model)
+    history, saved = [], None
+    if config.resume:  # the newest checkpoint that loads on every rank, and its statistics
+
+        def check(path: Path, meta: dict) -> None:
+            check_options(config, path, meta)
+
+        _, saved = load_newest(out / "checkpoints", model, optimizer, check=check, keys=META_KEYS)
+        history = saved["history"]
+    train_set, test_set = datasets(config, data, saved_stats(saved) if saved else None, sharding)
+    if rank == 0 and not config.resume:  # the data are good: from here on an older run's checkpoints are not ours
+        mark_fresh(out / "checkpoints")
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / STOPPED).unlink(missing_ok=True)
+        train_set.stats.save(out / "stats.json")
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    weights = frame_weights(train_set, config.data_parallel, device) if config.loss == "frame-weighted" else None
+    return Run(
+        config, stop, timeouts, device, data, sharding, model, optimizer, history, saved, train_set, test_set, weights
+    )

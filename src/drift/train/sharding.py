@@ -1,0 +1,144 @@
+"""Where a run's tensors live and what each rank reads: the device mesh and placements (``Sharding``),
+the model's inputs and targets, a batch's share and block on this rank, the sums over all ranks, and the
+training and test sets with their statistics and the loss's frame weights."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from drift import comm
+from drift.data import PDEBench3D, Stats, read_layout
+from drift.launch import GROUP_TIMEOUT_S
+from drift.layout import chunk_slice, device_mesh, to_dtensor
+from drift.train.checks import check_split, spatial_grid
+from drift.train.config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Where a run's tensors live: its device mesh (None on one rank) and the placements of the FNO's
+    inputs ``(batch, channels, x, y, z, t)`` over it (``Shard(0)`` on the "data" mesh dim)."""
+
+    mesh: DeviceMesh | None
+    placements: tuple
+
+    @classmethod
+    def build(cls, config: TrainConfig, world_size: int, device_type: str) -> Sharding:
+        """A "data" mesh dim of ``--data-parallel`` ranks (when above 1), then one mesh dim per spatial
+        dim that the grid splits; call on every rank of the default group."""
+        grid = spatial_grid(config, world_size)
+        dims = [("data", config.data_parallel, Shard(0))] if config.data_parallel > 1 else []
+        dims += [(name, p, Shard(2 + i)) for i, (name, p) in enumerate(zip("xyz", grid, strict=True)) if p > 1]
+        if not dims:
+            return cls(None, ())
+        mesh = device_mesh([p for _, p, _ in dims], [n for n, _, _ in dims], device_type, timeout_s=GROUP_TIMEOUT_S)
+        return cls(mesh, tuple(placement for *_, placement in dims))
+
+    def field_placements(self) -> tuple:
+        """The placements over the spatial dims (x, y, z) alone, as ``PDEBench3D`` and ``Layout`` take them."""
+        return tuple(Replicate() if p.dim == 0 else Shard(p.dim - 2) for p in self.placements)
+
+    def share(self, indices: Sequence[int]) -> list[int]:
+        """This rank's ``torch.chunk`` share of a batch's trajectories (all of them without a data dim)."""
+        indices = list(indices)
+        if Shard(0) not in self.placements:
+            return indices
+        axis = self.placements.index(Shard(0))
+        return indices[chunk_slice(len(indices), self.mesh.size(axis), self.mesh.get_coordinate()[axis])]
+
+    def wrap(self, local: torch.Tensor, global_shape: Sequence[int]) -> torch.Tensor:
+        """This rank's block of a model input as the model takes it: a DTensor on a mesh, else itself."""
+        return local if self.mesh is None else to_dtensor(local, self.mesh, self.placements, global_shape)
+
+
+def local_block(t: torch.Tensor) -> torch.Tensor:
+    """This rank's block of ``t``: a DTensor's local tensor, else ``t`` itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def model_input(x: torch.Tensor, t_out: int) -> torch.Tensor:
+    """``(batch, fields, t_in, *block)`` input frames -> the FNO's ``(batch, fields * t_in + 1, *block, t_out)``."""
+    b, f, t_in, *block = x.shape
+    frames = x.reshape(b, f * t_in, *block, 1).expand(-1, -1, *block, t_out)
+    t = torch.arange(1, t_out + 1, dtype=x.dtype, device=x.device) / t_out
+    return torch.cat([frames, t.expand(b, 1, *block, t_out)], dim=1)
+
+
+def model_target(y: torch.Tensor) -> torch.Tensor:
+    """``(batch, fields, t_out, *block)`` target frames -> the FNO's ``(batch, fields, *block, t_out)``."""
+    return y.movedim(2, -1)
+
+
+def load_batch(
+    dataset: PDEBench3D, indices: Sequence[int], sharding: Sharding, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model input of the trajectories ``indices`` (this rank's share and block of them, wrapped as
+    the model takes it) and this rank's target block."""
+    pairs = [dataset[i] for i in sharding.share(indices)]
+    if pairs:
+        x, y = (torch.stack([p[k] for p in pairs]).to(device) for k in (0, 1))
+    else:  # a data rank without trajectories in this batch still joins the collectives
+        x = torch.empty(0, len(dataset.fields), dataset.t_in, *dataset.local_shape, device=device)
+        y = torch.empty(0, len(dataset.fields), dataset.t_out, *dataset.local_shape, device=device)
+    x = model_input(x, dataset.t_out)
+    global_shape = (len(indices), x.shape[1], *dataset.global_shape, dataset.t_out)
+    return sharding.wrap(x, global_shape), model_target(y)
+
+
+def global_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over every rank (one all-reduce; ``t`` itself on one rank)."""
+    return comm.all_reduce(t) if comm.world_size() > 1 else t
+
+
+def frame_weights(dataset: PDEBench3D, data_parallel: int, device) -> torch.Tensor:
+    """``--loss frame-weighted``'s weights ``(1, fields, 1, 1, 1, t_out)``: per field and predicted frame,
+    the inverse of the normalised target's variance over ``dataset``'s trajectories and points, scaled to
+    a mean of 1. Every rank sums its block of every trajectory (in float64), and one all-reduce joins
+    them (each block counted once per data-parallel replica). ConfigError, on every rank, where a field
+    is constant at a frame or its normalised values are not finite."""
+    sums = torch.zeros(2, len(dataset.fields), dataset.t_out, dtype=torch.float64, device=device)
+    for i in range(len(dataset)):
+        y = dataset[i][1].to(device=device, dtype=torch.float64)  # (fields, t_out, *block)
+        sums[0] += y.sum(tuple(range(2, y.dim())))
+        sums[1] += y.square().sum(tuple(range(2, y.dim())))
+    sums = global_sum(sums) / (data_parallel * len(dataset) * math.prod(dataset.global_shape))
+    variance = sums[1] - sums[0].square()
+    # Rounding leaves a constant frame a variance of order 1e-16 of its mean square, not 0.
+    constant = variance <= 1e-10 * sums[1]
+    for bad, what in ((~torch.isfinite(variance), "holds a non-finite value"), (constant, "is constant")):
+        if bool(bad.any()):
+            field, frame = (int(i) for i in bad.nonzero()[0])
+            raise ConfigError(
+                f"--loss frame-weighted: the normalised field {dataset.fields[field]!r} {what} over the training "
+                f"trajectories at predicted frame {frame + 1} (--loss mse does not weight frames)"
+            )
+    weights = 1 / variance
+    return (weights / weights.mean()).to(torch.float32).view(1, len(dataset.fields), 1, 1, 1, dataset.t_out)
+
+
+def saved_stats(meta: dict) -> Stats:
+    """The statistics a checkpoint's meta records (its run's training set's)."""
+    return Stats(**{k: tuple(v) for k, v in meta["stats"].items()})
+
+
+def datasets(
+    config: TrainConfig, data: Path, stats: Stats | None, sharding: Sharding, stride: int = 1
+) -> tuple[PDEBench3D, PDEBench3D]:
+    """This rank's blocks of ``data``'s training and test sets under ``config.split``, read at ``stride``,
+    normalised with ``stats`` (None: computed from the training trajectories); ConfigError as ``check_split``."""
+    check_split(config.split, read_layout(data)[0], data)
+    options = dict(t_in=config.t_in, t_out=config.t_out, stride=stride, split_rule=config.split)
+    where = (sharding.mesh, sharding.field_placements())
+    train_set = PDEBench3D(data, *where, stats=stats, **options)
+    test_set = PDEBench3D(data, *where, split="test", stats=train_set.stats, **options)
+    return train_set, test_set
