@@ -10,6 +10,7 @@ from drift.nn.interop import (
     to_neuralop_factors,
     to_neuralop_weight,
 )
+from drift.nn.methods import method_named
 from drift.nn.neuralop import from_neuralop, to_neuralop
 from drift.nn.norm import GlobalNorm
 from drift.nn.parallel import clip_grad_norm_, parallelize
@@ -37,6 +38,7 @@ __all__ = [
     "from_neuralop",
     "from_neuralop_factors",
     "from_neuralop_weight",
+    "method_named",
     "mode_counts",
     "neuralop_n_modes",
     "parallelize",

@@ -13,10 +13,10 @@ import torch
 from drift.data import SPLITS, held_out_trajectories, read_layout
 from drift.launch import launched
 from drift.layout import chunk_sizes, split_reduction
-from drift.nn import AUTO, FACTORIZATIONS, METHODS, cp_rank, mode_counts, tucker_rank
+from drift.modes import mode_lists
+from drift.nn import AUTO, FACTORIZATIONS, METHODS, cp_rank, method_named, mode_counts, tucker_rank
 from drift.train.config import HOSTS, LOSSES, MODELS, ON_NAN, SCHEDULES, ConfigError, TrainConfig
 from drift.train.resume import resume_point
-from drift.truncated import mode_lists
 
 
 def check_config(config: TrainConfig, world_size: int) -> None:
@@ -66,7 +66,7 @@ def check_config(config: TrainConfig, world_size: int) -> None:
             raise ConfigError(f"--device cuda: {world_size} ranks on this machine need {world_size} GPUs, found {gpus}")
     if config.reduction is not None:
         check_reduction(config, world_size)
-    if config.overlap != 1 and config.method != "drift":
+    if config.overlap != 1 and not _takes_reduction(config.method):
         raise ConfigError(f"--overlap {config.overlap} applies to --method drift, not {config.method}")
     if config.resume:
         resume_point(config)
@@ -122,10 +122,15 @@ def reduction_shape(config: TrainConfig, world_size: int) -> tuple[int, ...] | N
     return (spatial // per_host, per_host)
 
 
+def _takes_reduction(method: str) -> bool:
+    """Whether ``method`` takes drift's --reduction and --overlap (not "auto", which may choose another)."""
+    return method != AUTO and method_named(method).takes_reduction
+
+
 def check_reduction(config: TrainConfig, world_size: int) -> None:
     """ConfigError unless ``--reduction`` splits the grid's split dims in turn (``drift.reduction_mesh``)
     for a "drift" model."""
-    if config.method != "drift":
+    if not _takes_reduction(config.method):
         raise ConfigError(f"--reduction {_shape_text(config.reduction)} applies to --method drift, not {config.method}")
     reduction = reduction_shape(config, world_size)
     if reduction is None:
