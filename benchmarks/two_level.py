@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from drift.arguments import shape as shape_arg
+
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("reduce_scatter", "all_gather", "all_to_all")
 PROBE_BYTES = 16 << 20
@@ -246,7 +248,7 @@ def worker(args: argparse.Namespace) -> None:
     from drift.nn import PointwiseLinear, SpectralConv
 
     torch.set_num_threads(1)
-    shape = tuple(int(n) for n in args.shape.split("x"))
+    shape = args.shape
     per_host = int(os.environ["LOCAL_WORLD_SIZE"])
     first_on_host = os.environ.get("LOCAL_RANK") == "0"
     with process_group("cpu"):
@@ -301,7 +303,7 @@ def worker(args: argparse.Namespace) -> None:
 def _launch(hosts, per_host: int, args: argparse.Namespace, result: Path) -> None:
     """One torchrun agent of ``per_host`` ranks per host running ``worker``; raises if one fails."""
     port = 29400 + os.getpid() % 500
-    options = ["--shape", args.shape, "--modes", *map(str, args.modes), "--width", str(args.width)]
+    options = ["--shape", "x".join(map(str, args.shape)), "--modes", *map(str, args.modes), "--width", str(args.width)]
     options += ["--repeats", str(args.repeats), "--rounds", str(args.rounds), "--overlap", str(args.overlap)]
     options += ["--sizes-kib", *map(str, args.sizes_kib), "--sweep-repeats", str(args.sweep_repeats)]
     options += ["--steps"] if args.steps else []
@@ -382,7 +384,7 @@ def _report(name: str, result: dict, unlimited: dict | None) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="64x64x32x30")
+    parser.add_argument("--shape", type=shape_arg, default=shape_arg("64x64x32x30"))
     parser.add_argument("--modes", type=int, nargs=4, default=[8, 8, 8, 16])
     parser.add_argument("--width", type=int, default=20)
     parser.add_argument("--rate", default="1gbit", help="the link's rate in each direction (tc units)")
@@ -404,7 +406,8 @@ def main() -> None:
     from hosts import Hosts
 
     report = {}
-    print(f"{args.shape}, modes {args.modes}, width {args.width}, 4 ranks of one thread on {os.cpu_count()} cores")
+    where = f"{'x'.join(map(str, args.shape))}, modes {args.modes}, width {args.width}"
+    print(f"{where}, 4 ranks of one thread on {os.cpu_count()} cores")
     for n in args.hosts:
         results = {}
         for rate in (None, args.rate):  # the unlimited link first: the predictions take its computation
