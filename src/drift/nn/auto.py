@@ -68,11 +68,10 @@ class Machine:
     @classmethod
     def default(cls, device_type: str = "cpu") -> Machine:
         """Round figures of effective rates, what drift's plans reach rather than kernel peaks: "cpu", a
-        2-core host with Gloo on loopback (``drift bench comm``'s fit: alpha 0.5-1.8 ms, 0.4-1 GB/s; at
-        64 x 64 x 32 x 30, modes (8, 8, 8, 16), one block's drift transforms do ~17 GFLOP in ~0.3 s and
-        dfno-pruned's ~5.6 GFLOP of FFTs take ~1.1 s of its 1.4 s: docs/BENCHMARKS.md); "cuda", the DRIFT
-        paper's GPUs (alpha 165 us, 6.5 GB/s, 0.78 TFLOP/s effective on partial DFTs; cuFFT, memory
-        bound, taken at a quarter of that: not measured here, so ``measure`` on the GPU where it matters)."""
+        2-core host with Gloo on loopback (``drift bench comm``'s fit and the block timings of
+        docs/BENCHMARKS.md); "cuda", the DRIFT paper's GPUs (its measured collectives and partial DFTs;
+        cuFFT, memory bound, taken at a quarter of the partial DFTs' rate: not measured here, so
+        ``measure`` on the GPU where it matters). One host: give ``hosts`` for several."""
         if device_type == "cuda":
             return cls(7.8e11, 1.95e11, 1.65e-4, 1.53e-10)
         return cls(5e10, 5e9, 1e-3, 1.5e-9, pairwise_reduce_scatter=True)

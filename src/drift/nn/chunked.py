@@ -112,8 +112,8 @@ def activate_(non_linearity: Activation, x: torch.Tensor) -> torch.Tensor:
 def activates_whole(non_linearity: Activation, x: torch.Tensor) -> bool:
     """Whether to apply ``non_linearity`` to a whole block ``x`` at once, after its chunks' gemms, rather
     than to each chunk while it is in cache: for exact GeLU on real values. A chunk of a block's points is
-    a strided view across its channels, on which torch's exact GeLU runs 1.2-1.4x slower per element than
-    on a contiguous tensor: more than the extra pass over the block costs (``benchmarks/activation_layout.py``)."""
+    a strided view across its channels, on which torch's exact GeLU runs slower per element than on a
+    contiguous tensor, by more than the extra pass over the block costs (``benchmarks/activation_layout.py``)."""
     return not x.is_complex() and _is_exact_gelu(non_linearity)
 
 
@@ -176,7 +176,7 @@ def linear_into(
     """``out`` (``(b, out, *spatial)``, contiguous) overwritten by ``W x + b`` for ``x`` ``(b, in, *spatial)``,
     ``W`` ``(out, in)``, ``b`` ``(out,)`` or None, ``step`` points at a time (default ``PIECE_BYTES`` of input
     and output a thread on the CPU): a whole block's gemm with a short inner dimension, a lift from five
-    channels, ran up to 1.9x slower on one thread (``benchmarks/activation_layout.py``)."""
+    channels, runs slower on one thread (``benchmarks/activation_layout.py``)."""
     flat_x, flat = _flat(x), _flat(out)
     w = weight.expand(x.shape[0], -1, -1)
     if step is None:
