@@ -12,7 +12,7 @@ retained spectrum and needs no communication once every rank holds it.
 
 For a real field, ``B_i[N - f] = conj(B_i[f])`` at every offset, so the partial spectrum at -f is the
 conjugate of that at f: the first (real) stage computes each such pair of kept frequencies once
-(``_conjugate_fold``), as real rows (the real parts, then the imaginary parts) that the second stage takes
+(``conjugate_fold``), as real rows (the real parts, then the imaginary parts) that the second stage takes
 as they are: a real gemm with its basis' real and imaginary parts (half a complex gemm's FLOPs), whose
 output is expanded to the kept modes of both dims. The inverse mirrors it: its second-to-last stage folds
 each pair before a real gemm, and its last stage is a real gemm.
@@ -24,10 +24,9 @@ on the N_i real points alone, so no padded tensor exists and the communication i
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -43,10 +42,12 @@ from drift._plan import (
     real_dtype,
     resolve_device,
 )
+from drift.contraction import plan_orders
 from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
 from drift.modes import ModeSpec, PaddingSpec, mode_lists, padding_pairs
 from drift.overlap import compute_then_send, receive_then_compute
+from drift.stages import Fold, Stage, apply_stage, conjugate_fold
 
 _NORMS = ("backward", "ortho", "forward")
 # The bound on a chunk's intermediates in the passes autograd does not record (4 complex values of the widest
@@ -56,320 +57,6 @@ _NORMS = ("backward", "ortho", "forward")
 # whole batch goes at once unless it is huge.
 WORK_BYTES = {"cpu": 64 * 2**20}
 OTHER_DEVICES_WORK_BYTES = 8 * 2**30
-SUM_BLOCK = 1024  # terms a single-precision contraction sums in one accumulator at most (``_contract``)
-
-
-def folded_rows(modes: Sequence[int], n: int) -> int:
-    """Rows of a real stage's gemm for the kept frequencies ``modes`` of extent ``n`` (``_conjugate_fold``):
-    a real part for each frequency up to sign, an imaginary part for each of those but 0 and n / 2."""
-    return _conjugate_fold(modes, n).rows
-
-
-def contraction_flops(
-    order: Sequence[int],
-    local: Sequence[int],
-    kept: Sequence[int],
-    real: bool,
-    rows: Sequence[int] | None = None,
-) -> int:
-    """Forward FLOPs of one field when the dims are contracted in ``order``: a complex gemm per stage
-    (8 real FLOPs per multiply-add). When ``real`` the first stage is a real gemm: innermost (or where
-    ``rows`` is None, the count without folding) it produces ``2 * kept[dim]`` real values per line;
-    otherwise ``rows[dim]`` real rows (``folded_rows``), on which the second stage is a real gemm with its
-    basis' real and imaginary parts (4 FLOPs per complex multiply-add)."""
-    sizes = list(local)
-    total = 0
-    folded = None  # the dim whose real rows the next stage takes
-    for step, dim in enumerate(order):
-        rest = math.prod(sizes[:dim] + sizes[dim + 1 :])
-        if real and step == 0:
-            if rows is None or math.prod(sizes[dim + 1 :]) == 1:
-                total += 2 * rest * sizes[dim] * 2 * kept[dim]
-            else:
-                total += 2 * rest * sizes[dim] * rows[dim]
-                folded = dim
-                sizes[dim] = rows[dim]
-                continue
-        elif folded is not None:
-            total += 4 * rest * sizes[dim] * kept[dim]
-            sizes[folded], folded = kept[folded], None
-        else:
-            total += 8 * rest * sizes[dim] * kept[dim]
-        sizes[dim] = kept[dim]
-    return total
-
-
-# The cost of the copy between folded real rows and complex values that a real field's first two stages
-# make when the first one's dim is not innermost, in FLOP-equivalents per real value copied, measured on a
-# 2-core AVX-512 host: the forward's expansion into complex values is cheap, the inverse's (and the forward
-# adjoint's) fold of complex values into real rows, strided, is not. Innermost-first orders make no copy.
-FORWARD_COPY_FLOPS = 16
-INVERSE_COPY_FLOPS = 144
-
-
-def interleave_copy(order: Sequence[int], local: Sequence[int], kept: Sequence[int], real: bool) -> int:
-    """Real values one field's first two stages in ``order`` copy between folded real rows and complex
-    values: the second forward stage's complex output (the second-to-last inverse stage's complex input),
-    or 0 when the first stage's dim is innermost (interleaved columns, a free view) or the field is
-    complex."""
-    first = order[0]
-    if not real or math.prod(local[first + 1 :]) == 1:
-        return 0
-    return 2 * math.prod(kept[i] if i in order[:2] else n for i, n in enumerate(local))
-
-
-def best_order(
-    local: Sequence[int],
-    kept: Sequence[int],
-    real: bool,
-    copy_flops: float = 0,
-    rows: Sequence[int] | None = None,
-) -> tuple[tuple[int, ...], int]:
-    """The contraction order of least cost, FLOPs (``contraction_flops`` with ``rows``) plus
-    ``copy_flops`` per value of its interleaving copy (``interleave_copy``), and its FLOPs.
-    ``copy_flops=0``: the fewest FLOPs. Ties go to the order whose first stage has the most lines
-    before its dim, then lexicographically: that stage is then a batched gemm, which threads share well,
-    rather than one thin gemm per field (at 128 x 128 x 64 x 30, (1, 0, 2, 3) ran the forward in 0.60x
-    the time of (0, 1, 2, 3) on two threads, with the same FLOPs)."""
-
-    def cost(order: tuple[int, ...]) -> tuple[float, int, tuple[int, ...]]:
-        copied = interleave_copy(order, local, kept, real)
-        flops = contraction_flops(order, local, kept, real, rows) + copy_flops * copied
-        return flops, -math.prod(local[: order[0]]), order
-
-    order = min(itertools.permutations(range(len(local))), key=cost)
-    return order, contraction_flops(order, local, kept, real, rows)
-
-
-def transform_flops(
-    local_shape: Sequence[int], modes: Sequence[Sequence[int]], extents: Sequence[int], real: bool
-) -> tuple[int, int]:
-    """Real FLOPs of one field's forward and inverse partial DFTs on a block of ``local_shape``, keeping
-    ``modes`` (per dim, the kept indices of ``extents``, the padded global shape) in the orders a
-    ``TruncatedFFT`` chooses: its ``flops`` and ``inverse_flops``. The interface the cost models use."""
-    (_, forward), (_, inverse) = _orders(local_shape, modes, extents, real)
-    return forward, inverse
-
-
-def _orders(local_shape, modes, extents, real) -> tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]:
-    """The forward's contraction order and FLOPs, and the inverse's (``best_order`` with their copies)."""
-    kept = [len(m) for m in modes]
-    rows = [folded_rows(m, n) for m, n in zip(modes, extents, strict=True)]
-    forward = best_order(local_shape, kept, real, FORWARD_COPY_FLOPS, rows)
-    return forward, best_order(local_shape, kept, real, INVERSE_COPY_FLOPS, rows)
-
-
-@dataclass(frozen=True)
-class _Run:
-    """Consecutive kept modes ``mode .. mode + length - 1`` whose folded frequencies sit in consecutive
-    gemm rows from ``real_row`` (and ``imag_row``, None where the imaginary part is zero); ``conj``: the
-    modes are the conjugates of those rows' frequencies; ``first``: the rows' first modes."""
-
-    mode: int
-    length: int
-    real_row: int
-    imag_row: int | None
-    conj: bool
-    first: bool
-
-
-@dataclass(frozen=True)
-class _Fold:
-    """A real stage's kept frequencies up to sign: a real field's coefficient at -f is the conjugate of
-    that at f, so the gemm computes each pair once. ``frequencies``: one per pair (the least of f and
-    n - f); the gemm's rows are their real parts, then the imaginary parts of those other than 0 and
-    n / 2 (zero for every offset); ``runs`` map the rows to the kept modes."""
-
-    frequencies: tuple[int, ...]
-    imaginary: tuple[bool, ...]
-    runs: tuple[_Run, ...]
-
-    @property
-    def rows(self) -> int:
-        return len(self.frequencies) + sum(self.imaginary)
-
-    @property
-    def modes(self) -> int:
-        return sum(run.length for run in self.runs)
-
-
-def _conjugate_fold(modes: Sequence[int], n: int) -> _Fold:
-    """The ``_Fold`` of the kept frequencies ``modes`` (in their order) of extent ``n``."""
-    least = [min(f, n - f) for f in modes]  # each kept frequency's representative up to sign
-    frequencies = list(dict.fromkeys(least))
-    imaginary = tuple(f > 0 and 2 * f != n for f in frequencies)
-    with_imag = [s for s, has in enumerate(imaginary) if has]
-    imag_row = {s: len(frequencies) + i for i, s in enumerate(with_imag)}
-    runs: list[_Run] = []
-    seen: set[int] = set()
-    for i, (f, c) in enumerate(zip(modes, least, strict=True)):
-        s = frequencies.index(c)
-        run = _Run(i, 1, s, imag_row.get(s), c != f, s not in seen)
-        seen.add(s)
-        last = runs[-1] if runs else None
-        if (
-            last is not None
-            and (last.conj, last.first, last.imag_row is None) == (run.conj, run.first, run.imag_row is None)
-            and last.real_row + last.length == s
-            and (run.imag_row is None or last.imag_row + last.length == run.imag_row)
-        ):
-            runs[-1] = replace(last, length=last.length + 1)
-        else:
-            runs.append(run)
-    return _Fold(tuple(frequencies), imaginary, tuple(runs))
-
-
-def _expand_pairs(g: torch.Tensor, fold: _Fold, axis: int, pair_axis: int, out: torch.Tensor) -> torch.Tensor:
-    """The kept modes ``out`` (complex) from ``g``, the gemm of a basis' real and imaginary parts with a
-    real stage's rows: ``g`` holds on ``pair_axis`` (extent 2) that product's real and imaginary parts,
-    and on ``axis`` the rows (``fold.rows``), where ``out`` holds the kept modes. A row pair (R, I) of
-    frequency f gives the mode ``g(R) + i g(I)`` at f and ``g(R) - i g(I)`` at -f."""
-    real, imag = g.select(pair_axis, 0), g.select(pair_axis, 1)  # shaped as out, but rows on axis
-    for run in fold.runs:
-        target = out.narrow(axis, run.mode, run.length)
-        yr, yi = real.narrow(axis, run.real_row, run.length), imag.narrow(axis, run.real_row, run.length)
-        if run.imag_row is None:
-            target.real.copy_(yr)
-            target.imag.copy_(yi)
-            continue
-        zr, zi = real.narrow(axis, run.imag_row, run.length), imag.narrow(axis, run.imag_row, run.length)
-        if torch.compiler.is_compiling():  # it does not trace out= into strided views
-            sign = 1 if run.conj else -1
-            target.real.copy_(yr + sign * zi)
-            target.imag.copy_(yi - sign * zr)
-        elif run.conj:
-            torch.add(yr, zi, out=target.real)
-            torch.sub(yi, zr, out=target.imag)
-        else:
-            torch.sub(yr, zi, out=target.real)
-            torch.add(yi, zr, out=target.imag)
-    return out
-
-
-def _fold_pairs(t: torch.Tensor, fold: _Fold, axis: int, pair_axis: int, parts: torch.Tensor) -> torch.Tensor:
-    """The adjoint of ``_expand_pairs``: ``parts`` (real, the rows on ``axis``, extent 2 on ``pair_axis``)
-    summed from the kept modes ``t`` (complex, the modes on ``axis``). A mode z at f adds (Re z, Im z) to
-    its frequency's real row and (Im z, -Re z) to its imaginary row; at -f, (Re z, Im z) and (-Im z, Re z)."""
-    real, imag = parts.select(pair_axis, 0), parts.select(pair_axis, 1)
-    for run in fold.runs:
-        source = t.narrow(axis, run.mode, run.length)
-        rows = [(run.real_row, real, source.real, 1), (run.real_row, imag, source.imag, 1)]
-        if run.imag_row is not None:
-            sign = -1 if run.conj else 1
-            rows += [(run.imag_row, real, source.imag, sign), (run.imag_row, imag, source.real, -sign)]
-        for row, half, value, sign in rows:
-            target = half.narrow(axis, row, run.length)
-            if not run.first:
-                target.add_(value, alpha=sign)
-            elif sign > 0:
-                target.copy_(value)
-            else:
-                torch.neg(value, out=target)
-    return parts
-
-
-@dataclass(frozen=True)
-class _Stage:
-    """One per-dim gemm with the real or complex matrix in buffer ``name``, taking the dim to extent
-    ``out``. ``right``: the dim is innermost in memory and the tensor is viewed (A, n) and multiplied on
-    the right; otherwise it is viewed (A, n, B) and the matrix multiplies on the left. ``kind``:
-    - "complex": complex input and output;
-    - "real_in" / "real_out": real input, complex output / complex input, the real part of the output,
-      on the right only: the matrix's columns (rows) interleave real and imaginary parts;
-    - "real": real input and output (a real field's first forward stage on the left, whose output is
-      folded real rows, and the inverse's last);
-    - "fold_expand": the real rows ``fold`` of dim ``fold_dim`` in, complex out: a real gemm with the
-      basis' real and imaginary parts, expanded to the kept modes of both dims (``_expand_pairs``);
-    - "fold_reduce": its adjoint, complex in, the rows of ``fold_dim`` out (``_fold_pairs``, then the gemm).
-    """
-
-    dim: int
-    name: str
-    right: bool
-    kind: str
-    out: int
-    fold: _Fold | None = None
-    fold_dim: int | None = None
-
-    def extents(self, sizes: Sequence[int]) -> list[int]:
-        """The field's extents after this stage, from ``sizes`` before it."""
-        sizes = list(sizes)
-        sizes[self.dim] = self.out
-        if self.kind == "fold_expand":
-            sizes[self.fold_dim] = self.fold.modes
-        elif self.kind == "fold_reduce":
-            sizes[self.fold_dim] = self.fold.rows
-        return sizes
-
-
-def _contract(
-    t: torch.Tensor, matrix: torch.Tensor, right: bool, out: torch.Tensor, partials: torch.Tensor | None
-) -> torch.Tensor:
-    """``t @ matrix`` (``right``: ``t`` is ``(A, n)``) or ``matrix @ t`` (``t`` is ``(A, n, B)``) into ``out``;
-    with ``partials`` (``(blocks, *out.shape)``) the product of each block of ``SUM_BLOCK`` terms goes to
-    its own slot and the slots are summed: a gemv or thin gemm adds all n terms into one float32
-    accumulator, which loses digits (7e-6 relative for a 1-D field of 65536 points, 8e-7 in blocks)."""
-    if partials is None:
-        return torch.matmul(t, matrix, out=out) if right else torch.matmul(matrix, t, out=out)
-    n = matrix.shape[0] if right else matrix.shape[1]
-    for i, start in enumerate(range(0, n, SUM_BLOCK)):
-        length = min(SUM_BLOCK, n - start)
-        if right:
-            torch.matmul(t.narrow(1, start, length), matrix.narrow(0, start, length), out=partials[i])
-        else:
-            torch.matmul(matrix.narrow(1, start, length), t.narrow(1, start, length), out=partials[i])
-    return torch.sum(partials, 0, out=out)
-
-
-def _apply(
-    t: torch.Tensor,
-    stage: _Stage,
-    matrix: torch.Tensor,
-    work: Workspace,
-    key: tuple,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One stage on ``t`` (``(b, s1, ..., sd)``); intermediates go to ``work``, and the result into
-    ``out`` when that is given (a contiguous tensor of the result's shape)."""
-
-    def buffer(role: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return work.get((*key, role), tuple(shape), dtype, t.device)
-
-    pos = stage.dim + 1
-    new_shape = (t.shape[0], *stage.extents(t.shape[1:]))
-    if stage.kind == "fold_reduce":
-        folded = list(t.shape)
-        folded[stage.fold_dim + 1] = stage.fold.rows
-        parts = buffer("parts", (*folded[:pos], 2, *folded[pos:]), matrix.dtype)
-        t = _fold_pairs(t, stage.fold, stage.fold_dim + 1, pos, parts)
-        shape = (*folded[:pos], 2 * folded[pos], *folded[pos + 1 :])
-    else:
-        shape = t.shape
-    lead, n, rest = math.prod(shape[:pos]), shape[pos], math.prod(shape[pos + 1 :])
-    if stage.kind == "real_out":
-        t = torch.view_as_real(t).reshape(lead, 2 * n)
-    elif stage.right:
-        t = t.reshape(lead, n)
-    else:
-        t = t.reshape(lead, n, rest)
-    gemm_shape = (lead, matrix.shape[1]) if stage.right else (lead, matrix.shape[0], rest)
-    if out is not None and stage.kind not in ("real_in", "fold_expand"):
-        target = out.view(gemm_shape)
-    else:
-        target = buffer("gemm", gemm_shape, t.dtype)
-    terms = matrix.shape[0] if stage.right else matrix.shape[1]
-    partials = None
-    if terms > SUM_BLOCK and t.dtype in (torch.float32, torch.complex64):
-        partials = buffer("partials", (math.ceil(terms / SUM_BLOCK), *gemm_shape), t.dtype)
-    result = _contract(t, matrix, stage.right, target, partials)
-    if stage.kind == "real_in":
-        result = torch.view_as_complex(result.view(lead, stage.out, 2))
-        return result.view(new_shape) if out is None else out.copy_(result.view(new_shape))
-    if stage.kind == "fold_expand":
-        pairs = result.view(*shape[:pos], 2, stage.out, *shape[pos + 1 :])
-        modes = buffer("complex", new_shape, complex_dtype(result.dtype)) if out is None else out.view(new_shape)
-        return _expand_pairs(pairs, stage.fold, stage.fold_dim + 1, pos, modes)
-    return result.view(new_shape)
 
 
 def _reduction_mesh(layout: Layout, shape: Sequence[int]) -> DeviceMesh | None:
@@ -468,7 +155,7 @@ class TruncatedFFT(ComplexModule):
     Attributes: ``layout`` (a ``drift.Layout``), ``padding`` (``(before, after)`` per dim),
     ``padded_shape`` (the transform's extents), ``modes`` (kept indices per dim), ``mode_shape``
     ``(K1, ..., Kd)``, ``num_modes`` M, ``local_shape``, ``local_slices``, ``order`` (the forward's dims
-    in contraction order: FLOPs plus its interleaving copy, ``best_order``), ``inverse_order`` (the
+    in contraction order: FLOPs plus its interleaving copy, ``drift.contraction.best_order``), ``inverse_order`` (the
     forward order whose reverse the inverse and the forward's adjoint contract in, chosen with their
     costlier copy), ``flops`` and ``inverse_flops`` (real FLOPs of the local forward and inverse for one
     field).
@@ -513,7 +200,7 @@ class TruncatedFFT(ComplexModule):
         self.num_modes = math.prod(self.mode_shape)
         self.local_slices = self.layout.local_slices
         self.local_shape = self.layout.local_shape
-        forward, inverse = _orders(self.local_shape, self.modes, self.padded_shape, real)
+        forward, inverse = plan_orders(self.local_shape, self.modes, self.padded_shape, real)
         (self.order, self.flops), (self.inverse_order, self.inverse_flops) = forward, inverse
         device = resolve_device(device)
         self._build_stages(dtype, cdtype, device)
@@ -589,7 +276,7 @@ class TruncatedFFT(ComplexModule):
     def _is_innermost(self, dim: int, sizes: Sequence[int]) -> bool:
         return math.prod(sizes[dim + 1 :]) == 1
 
-    def _stage(self, m: torch.Tensor, device, stage: _Stage) -> _Stage:
+    def _stage(self, m: torch.Tensor, device, stage: Stage) -> Stage:
         """``stage``, its matrix ``m`` registered as buffer ``stage.name`` with its adjoint (``_adjoint``)
         beside it."""
         self.register_buffer(stage.name, m.contiguous().to(device), persistent=False)
@@ -597,7 +284,7 @@ class TruncatedFFT(ComplexModule):
         self.register_buffer(f"{stage.name}_adjoint", adjoint.contiguous().to(device), persistent=False)
         return stage
 
-    def _adjoint(self, stages: tuple[_Stage, ...], sizes: Sequence[int]) -> tuple[_Stage, ...]:
+    def _adjoint(self, stages: tuple[Stage, ...], sizes: Sequence[int]) -> tuple[Stage, ...]:
         """The stages of the adjoint map of ``stages`` (which take extents ``sizes``): the adjoint of each
         stage in reverse order, a real-in stage becoming real-out (the real part of ``M^H g``) and back, a
         fold_expand stage fold_reduce and back."""
@@ -616,38 +303,38 @@ class TruncatedFFT(ComplexModule):
             for stage, n in zip(reversed(stages), reversed(ins), strict=True)
         )
 
-    def _build_forward(self, dtype, cdtype, device, order, prefix: str) -> tuple[_Stage, ...]:
+    def _build_forward(self, dtype, cdtype, device, order, prefix: str) -> tuple[Stage, ...]:
         stages = []
         sizes = list(self.local_shape)
-        folded: tuple[int, _Fold] | None = None  # a real stage's dim and rows, which the next stage takes
+        folded: tuple[int, Fold] | None = None  # a real stage's dim and rows, which the next stage takes
         for step, dim in enumerate(order):
             right = self._is_innermost(dim, sizes)
             k, name = self.mode_shape[dim], f"{prefix}_basis_{step}"
             if self.real and step == 0 and not right:
-                fold = _conjugate_fold(self.modes[dim], self.padded_shape[dim])
+                fold = conjugate_fold(self.modes[dim], self.padded_shape[dim])
                 b = self._basis(dim, fold.frequencies) * self._scale(dim, inverse=False)
                 # (fold.rows, n): the folded frequencies' real rows, then their nonzero imaginary rows.
                 m = torch.cat((b.real, b.imag[list(fold.imaginary)])).to(dtype)
-                stage = _Stage(dim, name, False, "real", fold.rows)
+                stage = Stage(dim, name, False, "real", fold.rows)
                 folded = (dim, fold)
             else:
                 b = self._basis(dim) * self._scale(dim, inverse=False)  # (k, n)
                 if self.real and step == 0:  # (n, 2k), real and imaginary columns interleaved
                     m = torch.view_as_real(b.T.contiguous()).reshape(-1, 2 * k).to(dtype)
-                    stage = _Stage(dim, name, right, "real_in", k)
+                    stage = Stage(dim, name, right, "real_in", k)
                 elif folded is not None:  # (2k, n), the real parts' rows, then the imaginary parts'
                     m = torch.cat((b.real, b.imag))
                     m = (m.T if right else m).to(dtype)
-                    stage = _Stage(dim, name, right, "fold_expand", k, folded[1], folded[0])
+                    stage = Stage(dim, name, right, "fold_expand", k, folded[1], folded[0])
                     folded = None
                 else:
                     m = (b.T if right else b).to(cdtype)
-                    stage = _Stage(dim, name, right, "complex", k)
+                    stage = Stage(dim, name, right, "complex", k)
             stages.append(self._stage(m, device, stage))
             sizes = stage.extents(sizes)
         return tuple(stages)
 
-    def _build_inverse(self, dtype, cdtype, device, order, prefix: str) -> tuple[_Stage, ...]:
+    def _build_inverse(self, dtype, cdtype, device, order, prefix: str) -> tuple[Stage, ...]:
         stages = []
         sizes = list(self.mode_shape)
         dims = tuple(reversed(order))
@@ -655,7 +342,7 @@ class TruncatedFFT(ComplexModule):
         # A real field whose last dim is not innermost: the stage before the last folds its pairs.
         fold = None
         if self.real and not self._is_innermost(last, self.local_shape):
-            fold = _conjugate_fold(self.modes[last], self.padded_shape[last])
+            fold = conjugate_fold(self.modes[last], self.padded_shape[last])
         for step, dim in enumerate(dims):
             right = self._is_innermost(dim, sizes)
             n, name = self.local_shape[dim], f"{prefix}_basis_{step}"
@@ -666,17 +353,17 @@ class TruncatedFFT(ComplexModule):
             if self.real and step == d - 1 and fold is not None:
                 # Re(e @ z) = e.real @ z.real - e.imag @ z.imag: z's pairs folded into real rows.
                 m = torch.cat((e.real, -e.imag[:, list(fold.imaginary)]), dim=1).to(dtype)
-                stage = _Stage(dim, name, False, "real", n)
+                stage = Stage(dim, name, False, "real", n)
             elif self.real and step == d - 1:  # (2k, n), real and imaginary rows interleaved
                 m = torch.stack((e.real.T, -e.imag.T), dim=1).reshape(2 * len(frequencies), n).to(dtype)
-                stage = _Stage(dim, name, right, "real_out", n)
+                stage = Stage(dim, name, right, "real_out", n)
             elif fold is not None and step == d - 2:  # (n, 2k), for the real parts' rows, then the imaginary
                 m = torch.cat((e.real, -e.imag), dim=1)
                 m = (m.T if right else m).to(dtype)
-                stage = _Stage(dim, name, right, "fold_reduce", n, fold, last)
+                stage = Stage(dim, name, right, "fold_reduce", n, fold, last)
             else:
                 m = (e.T if right else e).to(cdtype)
-                stage = _Stage(dim, name, right, "complex", n)
+                stage = Stage(dim, name, right, "complex", n)
             stages.append(self._stage(m, device, stage))
             sizes = stage.extents(sizes)
         return tuple(stages)
@@ -702,7 +389,7 @@ class TruncatedFFT(ComplexModule):
         dtype = self.complex_dtype if complex_input else self.dtype
         return check_input(t, what, comm.rank(), shape, dtype, self.device, self.strict)
 
-    def _run(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str, adjoint: tuple[_Stage, ...]) -> torch.Tensor:
+    def _run(self, stages: tuple[Stage, ...], t: torch.Tensor, name: str, adjoint: tuple[Stage, ...]) -> torch.Tensor:
         """Apply ``stages`` in turn to ``t`` (``(rows, ...)``); ``adjoint``: the stages of the adjoint map.
 
         Every pass runs in chunks of rows whose intermediates fit ``work_bytes``, staged through the
@@ -714,7 +401,7 @@ class TruncatedFFT(ComplexModule):
             return _LinearMap.apply(self, stages, adjoint, name, t)
         return self._run_chunks(stages, t, name)
 
-    def chunk_rows(self, stages: tuple[_Stage, ...], sizes: Sequence[int], rows: int) -> int:
+    def chunk_rows(self, stages: tuple[Stage, ...], sizes: Sequence[int], rows: int) -> int:
         """Rows (fields) per chunk when ``stages`` map ``rows`` fields of extents ``sizes``: as many as keep
         a chunk's intermediates within ``work_bytes`` (None: ``WORK_BYTES`` for the plan's device), at least one."""
         sizes, widest = list(sizes), math.prod(sizes)
@@ -725,7 +412,7 @@ class TruncatedFFT(ComplexModule):
         return max(1, min(rows, budget // (4 * widest * self.complex_dtype.itemsize)))
 
     def _run_chunks(
-        self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None
+        self, stages: tuple[Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         matrices = [getattr(self, stage.name) for stage in stages]
         rows, chunk = t.shape[0], self.chunk_rows(stages, t.shape[1:], t.shape[0])
@@ -734,11 +421,11 @@ class TruncatedFFT(ComplexModule):
             piece = t[start : start + chunk]
             for i, stage in enumerate(stages):
                 target = result[start : start + chunk] if i == len(stages) - 1 else None
-                piece = _apply(piece, stage, matrices[i], self._workspace, (name, i), out=target)
+                piece = apply_stage(piece, stage, matrices[i], self._workspace, (name, i), out=target)
         return result
 
     def _result(
-        self, stages: tuple[_Stage, ...], rows: int, sizes: Sequence[int], device, out: torch.Tensor | None
+        self, stages: tuple[Stage, ...], rows: int, sizes: Sequence[int], device, out: torch.Tensor | None
     ) -> torch.Tensor:
         """The tensor ``stages`` write ``rows`` fields of extents ``sizes`` into: ``out`` viewed so, or fresh."""
         sizes = list(sizes)
@@ -750,21 +437,21 @@ class TruncatedFFT(ComplexModule):
             (rows, *sizes), self.dtype if stages[-1].kind in ("real_out", "real") else self.complex_dtype, device
         )
 
-    def _scatter(self, stages: tuple[_Stage, ...], adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
+    def _scatter(self, stages: tuple[Stage, ...], adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
         """``stages`` on ``t`` ``(rows, ...)`` into ``(rows, *mode_shape)``, then this rank's shares of the
         sum over ranks ``(rows, *share_shape)`` (``Layout.reduce_scatter_shares``), in ``overlap`` pieces."""
         if torch.is_grad_enabled() and t.requires_grad:
             return _ScatterMap.apply(self, stages, adjoint, name, t)
         return self._scatter_pieces(stages, t, name)
 
-    def _scatter_pieces(self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
+    def _scatter_pieces(self, stages: tuple[Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
         def compute(rows: slice) -> torch.Tensor:
             return self._run_chunks(stages, t[rows], name).view(-1, *self.mode_shape)
 
         return compute_then_send(t.shape[0], self.overlap, compute, self.layout.reduce_scatter_shares)
 
     def _gather(
-        self, stages: tuple[_Stage, ...], adjoint, name: str, t: torch.Tensor, out: torch.Tensor | None = None
+        self, stages: tuple[Stage, ...], adjoint, name: str, t: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Every rank's shares ``t`` ``(rows, *share_shape)`` joined into ``(rows, *mode_shape)``
         (``Layout.all_gather_shares``), then ``stages`` on them (into ``out``), in ``overlap`` pieces."""
@@ -773,7 +460,7 @@ class TruncatedFFT(ComplexModule):
         return self._gather_pieces(stages, t, name, out)
 
     def _gather_pieces(
-        self, stages: tuple[_Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None
+        self, stages: tuple[Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         result = self._result(stages, t.shape[0], self.mode_shape, t.device, out)
         receive_then_compute(

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
+from drift.contraction import transform_flops
 from drift.errors import PlanError
 from drift.layout import split_reduction
 from drift.modes import ModeSpec, mode_lists
-from drift.truncated import transform_flops
 
 
 @dataclass(frozen=True)
