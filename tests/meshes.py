@@ -2,7 +2,8 @@
 
 Making a mesh creates process groups (a collective on every rank), so each worker keeps the meshes it
 made: ``mesh_for(grid)`` is ``drift.grid_mesh(grid)`` the first time a grid is asked for, and the same
-mesh afterwards. A fresh pool (after a failure) starts with an empty cache.
+mesh afterwards (``reduction_for``: the same for reduction meshes). A fresh pool (after a failure) starts
+with an empty cache.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 import drift
 
 _MESHES: dict[tuple, tuple] = {}
+_REDUCTIONS: dict[tuple, object] = {}
 
 
 def mesh_for(grid: Sequence[int]) -> tuple:
@@ -26,6 +28,16 @@ def mesh_for(grid: Sequence[int]) -> tuple:
     if key not in _MESHES:
         _MESHES[key] = drift.grid_mesh(*key)
     return _MESHES[key]
+
+
+def reduction_for(grid: Sequence[int], shape: Sequence[int]):
+    """``drift.reduction_mesh`` of ``shape`` over the field of ``mesh_for(grid)``, made once per worker."""
+    key = (tuple(grid), tuple(shape))
+    if key not in _REDUCTIONS:
+        mesh, placements = mesh_for(grid)
+        spatial = [a for a, p in enumerate(placements) if isinstance(p, Shard)]
+        _REDUCTIONS[key] = drift.reduction_mesh(mesh, spatial, shape, timeout_s=60.0)
+    return _REDUCTIONS[key]
 
 
 def rank_coordinates(mesh) -> list[tuple[int, ...]]:

@@ -19,8 +19,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from test_faults import _checkpoints, _config, _rows, _run
-from test_train import _fails_with_one_line, tiny_data
+from runs import checkpoint_names, constant_config, fails_with_one_line, metric_rows, tiny_data, train_argv
 from torch.distributed.checkpoint.api import CheckpointException
 
 import drift.train
@@ -41,8 +40,8 @@ def data(tmp_path_factory):
 def pristine(tmp_path_factory, data):
     """A 2-epoch run of 2 ranks (checkpoints epoch-0001 and epoch-0002) and its metric rows."""
     out = tmp_path_factory.mktemp("pristine") / "run"
-    assert main(_run(data, out, "--epochs", "2", "--nproc", "2")) == 0
-    return out, _rows(out)
+    assert main(train_argv(data, out, "--epochs", "2", "--nproc", "2")) == 0
+    return out, metric_rows(out)
 
 
 class _Payload:
@@ -88,7 +87,7 @@ def test_crafted_metadata_is_refused_by_evaluate_and_the_fallback_scan(capfd, pr
         assert not marker.exists()
         # Every checkpoint crafted: one line naming each refusal, before any rank starts.
         _craft(root / "epoch-0001", payload)
-        _fails_with_one_line(capfd, ["evaluate", str(out)], f"not a checkpoint's metadata (refused to load {name})")
+        fails_with_one_line(capfd, ["evaluate", str(out)], f"not a checkpoint's metadata (refused to load {name})")
         with pytest.raises(CheckpointError, match="epoch-0001/.metadata: not a checkpoint's metadata"):
             usable_checkpoint(root, META_KEYS)
         assert not marker.exists()
@@ -99,13 +98,13 @@ def test_crafted_metadata_is_refused_on_resume(capfd, data, pristine, tmp_path):
     out, marker = tmp_path / "run", tmp_path / "ran"
     shutil.copytree(source, out)
     _craft(out / "checkpoints" / "epoch-0002", _payloads(marker)[1][0])
-    assert main(_run(data, out, "--epochs", "2", "--resume", "--nproc", "2")) == 0
+    assert main(train_argv(data, out, "--epochs", "2", "--resume", "--nproc", "2")) == 0
     err = capfd.readouterr().err
     assert "epoch-0002/.metadata: not a checkpoint's metadata (refused to load posix.system)" in err, err
     assert not marker.exists()
-    again = _rows(out)  # epoch 2 trained again from epoch 1's checkpoint: the same as the first time
+    again = metric_rows(out)  # epoch 2 trained again from epoch 1's checkpoint: the same as the first time
     assert again[0] == rows[0] and math.isclose(again[1]["train_loss"], rows[1]["train_loss"], rel_tol=1e-6)
-    assert _checkpoints(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")
+    assert checkpoint_names(out) == (["epoch-0001", "epoch-0002"], "epoch-0002")
 
 
 def _rank_1_crafts_then_dies(config) -> list[dict]:
@@ -128,15 +127,15 @@ def _rank_1_crafts_then_dies(config) -> list[dict]:
 def test_crafted_metadata_is_refused_by_a_restart(capfd, monkeypatch, data, tmp_path):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same threads in both runs: their metrics compare exactly
     whole = tmp_path / "whole"
-    assert main(_run(data, whole, "--epochs", "3", "--nproc", "2")) == 0
+    assert main(train_argv(data, whole, "--epochs", "3", "--nproc", "2")) == 0
     monkeypatch.setattr(drift.train, "train_rank", _rank_1_crafts_then_dies)
     out = tmp_path / "job" / "run"
-    assert main(_run(data, out, "--epochs", "3", "--nproc", "2", "--max-restarts", "1")) == 0
+    assert main(train_argv(data, out, "--epochs", "3", "--nproc", "2", "--max-restarts", "1")) == 0
     err = capfd.readouterr().err
     assert "restart 1 of 1, resuming from the latest checkpoint" in err, err
     assert "epoch-0002/.metadata: not a checkpoint's metadata (refused to load io.open)" in err, err
     assert (out.parent / "crafted").exists() and not (out.parent / "ran").exists()
-    assert _rows(out) == _rows(whole)
+    assert metric_rows(out) == metric_rows(whole)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -199,7 +198,7 @@ def _load_on_one(config, root: str) -> None:
     ],
 )
 def test_the_allow_list_covers_what_drift_writes(ranks, tmp_path, size, changes):
-    config = _config(None, tmp_path, **changes)
+    config = constant_config(None, tmp_path, **changes)
     root = tmp_path / "ck"
     ranks.run(size, _save_a_trained_model, config, str(root))
     with open(root / "epoch-0001" / ".metadata", "rb") as file:

@@ -18,8 +18,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from test_faults import _checkpoints, _rows, _run
-from test_train import tiny_data
+from runs import HANG_S, checkpoint_names, metric_rows, tiny_data, train_argv
 
 import drift
 import drift.train
@@ -43,8 +42,8 @@ def whole(tmp_path_factory, data):
     """An uninterrupted 3-epoch run on 2 ranks (one thread each) and its metric rows."""
     out = tmp_path_factory.mktemp("whole") / "run"
     with mock.patch.dict(os.environ, OMP_NUM_THREADS="1"):
-        assert main(_run(data, out, "--epochs", "3", "--nproc", "2")) == 0
-    return _rows(out)
+        assert main(train_argv(data, out, "--epochs", "3", "--nproc", "2")) == 0
+    return metric_rows(out)
 
 
 def _at_step(config, epoch: int, step: int, rank: int, action):
@@ -78,27 +77,27 @@ def test_a_signal_stops_every_rank_at_a_step_with_a_checkpoint_that_resumes_exac
         )
         began = time.monotonic()
         with config_hook:
-            assert main(_run(data, out, "--epochs", "3", "--nproc", ranks)) == EXIT_STOPPED
-        assert time.monotonic() - began < 60
+            assert main(train_argv(data, out, "--epochs", "3", "--nproc", ranks)) == EXIT_STOPPED
+        assert time.monotonic() - began < HANG_S
         err = capfd.readouterr().err
         root = out / "checkpoints"
         line = f"drift train: stopped by {number.name} at epoch 2, step 1: checkpoint {root / 'epoch-0002-step-00001'}"
         assert line in err and "Traceback" not in err, err
-        assert _checkpoints(out) == (["epoch-0001", "epoch-0002-step-00001"], "epoch-0002-step-00001")
+        assert checkpoint_names(out) == (["epoch-0001", "epoch-0002-step-00001"], "epoch-0002-step-00001")
         stopped = json.loads((out / STOPPED).read_text())
         assert stopped["checkpoint"] == str(root / "epoch-0002-step-00001") and stopped["step"] == 1
         # --resume on as many ranks: bit for bit the uninterrupted run.
-        assert main(_run(data, out, "--epochs", "3", "--nproc", "2", "--resume")) == 0
-        assert _rows(out) == whole and not (out / STOPPED).exists()
-        assert _checkpoints(out) == (["epoch-0002", "epoch-0003"], "epoch-0003")
+        assert main(train_argv(data, out, "--epochs", "3", "--nproc", "2", "--resume")) == 0
+        assert metric_rows(out) == whole and not (out / STOPPED).exists()
+        assert checkpoint_names(out) == (["epoch-0002", "epoch-0003"], "epoch-0003")
     # On another rank count: the same run to float32 round-off of the changed reductions.
     out = tmp_path / "three" / "run"
     hook = partial(_signalled_at, number=signal.SIGTERM, epoch=2, step=2, rank=0)
     with mock.patch.object(drift.train, "train_rank", hook):
-        assert main(_run(data, out, "--epochs", "3", "--nproc", "2")) == EXIT_STOPPED
+        assert main(train_argv(data, out, "--epochs", "3", "--nproc", "2")) == EXIT_STOPPED
     assert "stopped by SIGTERM at epoch 2, step 2" in capfd.readouterr().err
-    assert main(_run(data, out, "--epochs", "3", "--nproc", "3", "--resume")) == 0
-    rows = _rows(out)
+    assert main(train_argv(data, out, "--epochs", "3", "--nproc", "3", "--resume")) == 0
+    rows = metric_rows(out)
     assert rows[0] == whole[0]
     for got, want in zip(rows[1:], whole[1:], strict=True):
         for key in ("train_loss", "test_rel_l2"):
@@ -110,7 +109,7 @@ def test_sigterm_to_the_command_reaches_its_ranks(data, whole, tmp_path):
     step or epoch boundary with a checkpoint, exit code 75, and ``--resume`` ends as the uninterrupted run."""
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "drift", *_run(data, out, "--epochs", "3", "--nproc", "2")]
+    cmd = [sys.executable, "-m", "drift", *train_argv(data, out, "--epochs", "3", "--nproc", "2")]
     job = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "checkpoints" / "epoch-0001").exists() and time.monotonic() < deadline:
@@ -123,7 +122,7 @@ def test_sigterm_to_the_command_reaches_its_ranks(data, whole, tmp_path):
     assert "drift train: stopped by SIGTERM" in err and "Traceback" not in err, err
     done = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert _rows(out) == whole
+    assert metric_rows(out) == whole
 
 
 def test_checkpoint_every_writes_mid_epoch_checkpoints_that_pruning_clears(monkeypatch, data, tmp_path):
@@ -135,29 +134,29 @@ def test_checkpoint_every_writes_mid_epoch_checkpoints_that_pruning_clears(monke
         saved.append((epoch, step))
         return save(root, epoch, *args, step=step, **kwargs)
 
-    assert main(_run(data, tmp_path / "plain", "--epochs", "3")) == 0
+    assert main(train_argv(data, tmp_path / "plain", "--epochs", "3")) == 0
     monkeypatch.setattr(drift.train.loop, "save_checkpoint", recording)  # one rank: this process
     # Every step boundary is due (a thousandth of a second): each step writes one.
-    assert main(_run(data, out, "--epochs", "3", "--checkpoint-every", "0.00001")) == 0
+    assert main(train_argv(data, out, "--epochs", "3", "--checkpoint-every", "0.00001")) == 0
     assert saved == [(e, s) for e in (1, 2, 3) for s in (1, 2, None)]
-    assert _rows(out) == _rows(tmp_path / "plain")
-    assert _checkpoints(out) == (["epoch-0002", "epoch-0003"], "epoch-0003")
+    assert metric_rows(out) == metric_rows(tmp_path / "plain")
+    assert checkpoint_names(out) == (["epoch-0002", "epoch-0003"], "epoch-0003")
 
 
 def test_resume_auto_continues_or_starts_fresh(capfd, monkeypatch, data, whole, tmp_path):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "run"
-    assert main(_run(data, out, "--epochs", "2", "--nproc", "2", "--resume", "auto")) == 0  # nothing there: fresh
-    assert _rows(out) == whole[:2]
-    assert main(_run(data, out, "--epochs", "3", "--nproc", "2", "--resume", "auto")) == 0
-    assert _rows(out) == whole
+    assert main(train_argv(data, out, "--epochs", "2", "--nproc", "2", "--resume", "auto")) == 0  # nothing there: fresh
+    assert metric_rows(out) == whole[:2]
+    assert main(train_argv(data, out, "--epochs", "3", "--nproc", "2", "--resume", "auto")) == 0
+    assert metric_rows(out) == whole
     # A requeued SLURM job runs the same command again: it continues without --resume.
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert main(_run(data, out, "--epochs", "3", "--nproc", "2")) == 0
-    assert _rows(out) == whole and _checkpoints(out) == (["epoch-0002", "epoch-0003"], "epoch-0003")
+    assert main(train_argv(data, out, "--epochs", "3", "--nproc", "2")) == 0
+    assert metric_rows(out) == whole and checkpoint_names(out) == (["epoch-0002", "epoch-0003"], "epoch-0003")
     capfd.readouterr()
     # Another option is refused, as a fresh run into that folder is.
-    code = main(_run(data, out, "--epochs", "3", "--layers", "3", "--resume", "auto"))
+    code = main(train_argv(data, out, "--epochs", "3", "--layers", "3", "--resume", "auto"))
     assert code == 2 and "--layers is 3, the run was trained with 2" in capfd.readouterr().err
 
 
@@ -170,7 +169,7 @@ def test_a_rank_that_stops_answering_ends_the_job_within_its_timeout(capfd, monk
     monkeypatch.setattr(drift.train, "train_rank", _stops_answering)
     out = tmp_path / "run"
     began = time.monotonic()
-    assert main(_run(data, out, "--epochs", "3", "--nproc", "2", "--collective-timeout", "5")) == 2
+    assert main(train_argv(data, out, "--epochs", "3", "--nproc", "2", "--collective-timeout", "5")) == 2
     assert time.monotonic() - began < 60
     err = capfd.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("drift train: error:")]
@@ -179,7 +178,7 @@ def test_a_rank_that_stops_answering_ends_the_job_within_its_timeout(capfd, monk
     )
     assert len(errors) == 1 and want in errors[0], err
     assert f"the newest checkpoint: {out / 'checkpoints' / 'epoch-0001'}" in errors[0]
-    assert _checkpoints(out) == (["epoch-0001"], "epoch-0001")
+    assert checkpoint_names(out) == (["epoch-0001"], "epoch-0001")
 
 
 def test_phase_bounds_follow_the_measured_times():
@@ -201,7 +200,7 @@ def _other_version(config):
 def test_hosts_with_other_versions_are_refused(capfd, monkeypatch, data, tmp_path):
     monkeypatch.setattr(drift.train, "train_rank", _other_version)
     out = tmp_path / "run"
-    assert main(_run(data, out, "--nproc", "2")) == 2
+    assert main(train_argv(data, out, "--nproc", "2")) == 2
     err = capfd.readouterr().err
     assert "the hosts run different versions: drift 0.0.0+other, torch" in err and "(127.0.0.1: rank 1)" in err, err
     assert not (out / "checkpoints").exists()
@@ -215,7 +214,7 @@ def test_sigusr1_to_torchrun_reaches_its_ranks(data, whole, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     torchrun += ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "-m", "drift"]
     agent = subprocess.Popen(
-        [*torchrun, *_run(data, out, "--epochs", "3")],
+        [*torchrun, *train_argv(data, out, "--epochs", "3")],
         env=env,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -229,7 +228,7 @@ def test_sigusr1_to_torchrun_reaches_its_ranks(data, whole, tmp_path):
     stopped = json.loads((out / STOPPED).read_text())
     assert stopped["signal"] == "SIGUSR1" and Path(stopped["checkpoint"]).is_dir(), err
     assert "drift train: stopped by SIGUSR1" in err, err
-    resumed = [*torchrun, *_run(data, out, "--epochs", "3", "--resume")]
+    resumed = [*torchrun, *train_argv(data, out, "--epochs", "3", "--resume")]
     done = subprocess.run(resumed, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert _rows(out) == whole
+    assert metric_rows(out) == whole

@@ -17,8 +17,7 @@ from pathlib import Path
 import hosts as hosts_module
 import pytest
 from hosts import Hosts, skip_unless_hosts
-from test_faults import _checkpoints, _rows, _run
-from test_train import tiny_data
+from runs import checkpoint_names, metric_rows, tiny_data, train_argv
 
 from drift.checkpoint import usable_checkpoint
 from drift.cli import main
@@ -46,8 +45,8 @@ def data(tmp_path_factory):
 def _reference(out: Path, data: str, *args: str) -> list[dict]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OMP_NUM_THREADS", "1")
-        assert main(_run(data, out, *args)) == 0
-    return _rows(out)
+        assert main(train_argv(data, out, *args)) == 0
+    return metric_rows(out)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +97,7 @@ def _finish(agents: list[subprocess.Popen], timeout_s: float = AGENT_S) -> list[
 
 def _on_two_hosts(data: str, out: Path, rendezvous: str, *args: str) -> None:
     with Hosts(2) as hosts:
-        train = _run(data, out, *args)
+        train = train_argv(data, out, *args)
         results = _finish(_start(hosts, [_torchrun(hosts, i, "2", rendezvous, train) for i in range(2)]))
     for code, err in results:
         assert code == 0, err
@@ -108,13 +107,15 @@ def _on_two_hosts(data: str, out: Path, rendezvous: str, *args: str) -> None:
 def test_two_hosts_train_as_one_host_with_as_many_ranks(data, four, tmp_path, rendezvous):
     out = tmp_path / "run"
     _on_two_hosts(data, out, rendezvous, "--epochs", "3")
-    assert _rows(out) == four
+    assert metric_rows(out) == four
 
 
 def test_a_data_mesh_dim_spans_the_hosts(data, tmp_path):
     out = tmp_path / "run"
     _on_two_hosts(data, out, "static", "--epochs", "2", "--data-parallel", "2")
-    assert _rows(out) == _reference(tmp_path / "one", data, "--epochs", "2", "--nproc", "4", "--data-parallel", "2")
+    assert metric_rows(out) == _reference(
+        tmp_path / "one", data, "--epochs", "2", "--nproc", "4", "--data-parallel", "2"
+    )
 
 
 def test_a_reduction_within_then_across_hosts_with_overlap(data, four, tmp_path):
@@ -122,7 +123,7 @@ def test_a_reduction_within_then_across_hosts_with_overlap(data, four, tmp_path)
     does, to the float32 round-off of sums in another order."""
     out = tmp_path / "run"
     _on_two_hosts(data, out, "static", "--epochs", "2", "--reduction", "hosts", "--overlap", "2")
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert [r["epoch"] for r in rows] == [r["epoch"] for r in four[:2]]
     for row, expected in zip(rows, four, strict=False):
         for key in ("train_loss", "test_rel_l2"):
@@ -132,14 +133,14 @@ def test_a_reduction_within_then_across_hosts_with_overlap(data, four, tmp_path)
 def test_a_checkpoint_of_two_hosts_resumes_on_one_rank_and_on_three(data, four, tmp_path):
     two = tmp_path / "two"
     _on_two_hosts(data, two, "static", "--epochs", "2")
-    assert _rows(two) == four[:2]
+    assert metric_rows(two) == four[:2]
     for nproc in ("1", "3"):
         out = tmp_path / f"on-{nproc}"
         shutil.copytree(two, out)
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("OMP_NUM_THREADS", "1")
-            assert main(_run(data, out, "--epochs", "3", "--nproc", nproc, "--resume")) == 0
-        rows = _rows(out)
+            assert main(train_argv(data, out, "--epochs", "3", "--nproc", nproc, "--resume")) == 0
+        rows = metric_rows(out)
         assert rows[:2] == four[:2]
         for key in ("train_loss", "test_rel_l2"):  # another rank count: float32 round-off of the reductions
             assert abs(rows[2][key] - four[2][key]) <= 1e-5 * abs(four[2][key]), (key, rows[2], four[2])
@@ -159,7 +160,7 @@ def _lines(err: str) -> list[str]:
 def test_a_partition_ends_a_fixed_size_job_on_every_host(data, tmp_path):
     out = tmp_path / "run"
     with Hosts(2) as hosts:
-        train = _run(data, out, "--epochs", "100")
+        train = train_argv(data, out, "--epochs", "100")
         agents = _start(hosts, [_torchrun(hosts, i, "2", "static", train) for i in range(2)])
         _wait_for(out / "checkpoints" / "epoch-0002", agents)  # every phase timed: bounds of FLOOR_S
         hosts.cut(1)
@@ -185,7 +186,7 @@ def test_a_partition_ends_a_fixed_size_job_on_every_host(data, tmp_path):
 def test_an_elastic_job_goes_on_at_the_stores_side_of_a_partition(data, six, tmp_path):
     out = tmp_path / "run"
     with Hosts(2) as hosts:
-        train = _run(data, out, "--epochs", "6", "--collective-timeout", str(ELASTIC_TIMEOUT_S))
+        train = train_argv(data, out, "--epochs", "6", "--collective-timeout", str(ELASTIC_TIMEOUT_S))
         elastic = ("--max-restarts", "1")
         agents = _start(hosts, [_torchrun(hosts, i, "1:2", "c10d", train, *elastic) for i in range(2)])
         _wait_for(out / "checkpoints" / "epoch-0002", agents)
@@ -200,7 +201,7 @@ def test_an_elastic_job_goes_on_at_the_stores_side_of_a_partition(data, six, tmp
     assert len(lines) == 1 and f"node 0 ({hosts.address(0)}: ranks 0, 1) stopped answering" in lines[0], err1
     assert "is out of reach too: this host leaves the job" in lines[0]
     # The store's side resumed at its own 2 ranks from the newest checkpoint and finished.
-    rows = _rows(out)
+    rows = metric_rows(out)
     assert [r["epoch"] for r in rows] == list(range(1, 7))
     for got, want in zip(rows, six, strict=True):
         for key in ("train_loss", "test_rel_l2"):
@@ -210,7 +211,7 @@ def test_an_elastic_job_goes_on_at_the_stores_side_of_a_partition(data, six, tmp
 def test_a_lost_host_leaves_an_elastic_job_to_the_survivors(data, six, tmp_path):
     out = tmp_path / "run"
     with Hosts(2) as hosts:
-        train = _run(data, out, "--epochs", "6", "--collective-timeout", str(ELASTIC_TIMEOUT_S))
+        train = train_argv(data, out, "--epochs", "6", "--collective-timeout", str(ELASTIC_TIMEOUT_S))
         agents = _start(hosts, [_torchrun(hosts, i, "1:2", "c10d", train, "--max-restarts", "1") for i in range(2)])
         _wait_for(out / "checkpoints" / "epoch-0002", agents)
         for pid in subprocess.run(
@@ -219,18 +220,18 @@ def test_a_lost_host_leaves_an_elastic_job_to_the_survivors(data, six, tmp_path)
             subprocess.run(["kill", "-9", pid], capture_output=True)
         (code0, err0), _ = _finish(agents)
     assert code0 == 0, err0
-    rows = _rows(out)
+    rows = metric_rows(out)
     for got, want in zip(rows, six, strict=True):
         for key in ("train_loss", "test_rel_l2"):
             assert abs(got[key] - want[key]) <= 1e-5 * abs(want[key]), (key, got, want)
-    assert _checkpoints(out)[1] == "epoch-0006"
+    assert checkpoint_names(out)[1] == "epoch-0006"
 
 
 def test_a_run_folder_that_is_not_shared_is_refused(data, tmp_path):
     out = tmp_path / "shared" / "run"
     out.parent.mkdir()
     with Hosts(2) as hosts:
-        train = _run(data, out, "--epochs", "2")
+        train = train_argv(data, out, "--epochs", "2")
         commands = [_torchrun(hosts, i, "2", "static", train) for i in range(2)]
         # Host 1 sees its own, empty folder there (a tmpfs in its mount namespace): another disk.
         private = f'mount -t tmpfs tmpfs {out.parent} && exec "$@"'

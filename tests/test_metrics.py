@@ -4,14 +4,13 @@ formulas on the whole fields, on 1 and 4 ranks (slab, pencil, uneven and empty s
 from __future__ import annotations
 
 import functools
-import math
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from harness import device_for
 from meshes import mesh_for
+from reference import pdebench_reference
 from torch.distributed.tensor import Replicate, Shard
 
 from drift.layout import Layout, chunk_slice, device_mesh
@@ -28,44 +27,6 @@ def _fields(shape, seed=0):
     size = (TRAJECTORIES, len(FIELDS), *shape, TIMES)
     true = 1.5 + torch.rand(size, generator=g, dtype=torch.float64)
     return true + 0.3 * torch.randn(size, generator=g, dtype=torch.float64), true
-
-
-def pdebench_reference(pred: np.ndarray, true: np.ndarray, low=4, high=12) -> dict:
-    """PDEBench's ``metric_func`` formulas for 3D data on arrays ``(b, x, y, z, t, c)``, the whole set as
-    one batch, Lx = Ly = Lz = 1; the boundary term per channel as in its 1D and 2D branches."""
-    p, u = np.moveaxis(pred, -1, 1), np.moveaxis(true, -1, 1)  # (b, c, x, y, z, t)
-    nb, nc, nx, ny, nz, nt = p.shape
-    flat_p, flat_u = p.reshape(nb, nc, -1, nt), u.reshape(nb, nc, -1, nt)
-    rms = np.sqrt(np.mean((flat_p - flat_u) ** 2, axis=2))
-    per_ct = {
-        "rmse": rms.mean(0),
-        "nrmse": (rms / np.sqrt(np.mean(flat_u**2, axis=2))).mean(0),
-        "crmse": np.sqrt(np.mean((flat_p.sum(2) - flat_u.sum(2)) ** 2, axis=0)) / (nx * ny * nz),
-        "max_error": np.abs(flat_p - flat_u).max(2).max(0),
-    }
-    e = p - u
-    bd = sum((np.take(e, i, axis=a) ** 2).reshape(nb, nc, -1, nt).sum(2) for a in (2, 3, 4) for i in (0, -1)) / (
-        2 * nx * ny + 2 * ny * nz + 2 * nz * nx
-    )
-    per_ct["brmse"] = np.sqrt(bd).mean(0)
-    power = np.abs(np.fft.fftn(p, axes=(2, 3, 4)) - np.fft.fftn(u, axes=(2, 3, 4))) ** 2
-    bins = min(nx // 2, ny // 2, nz // 2)
-    binned = np.zeros((nb, nc, bins, nt))
-    for i in range(nx // 2):
-        for j in range(ny // 2):
-            for k in range(nz // 2):
-                r = math.floor(math.sqrt(i**2 + j**2 + k**2))
-                if r <= bins - 1:
-                    binned[:, :, r] += power[:, :, i, j, k]
-    per_bin = np.sqrt(binned.mean(0)) / (nx * ny * nz)  # (c, bins, t)
-    for name, band in (
-        ("frmse_low", slice(0, low)),
-        ("frmse_mid", slice(low, high)),
-        ("frmse_high", slice(high, None)),
-    ):
-        chosen = per_bin[:, band]
-        per_ct[name] = chosen.mean(1) if chosen.shape[1] else None
-    return {name: None if v is None else float(v.mean()) for name, v in per_ct.items()}
 
 
 @functools.cache

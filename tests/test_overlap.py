@@ -11,9 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import device_for
-from meshes import attempts_without_collectives, distribute, local_block, mesh_for, rank_coordinates
+from meshes import attempts_without_collectives, distribute, local_block, mesh_for, rank_coordinates, reduction_for
 from reference import TOL, mesh_block, mesh_share, random_tensor, rel_err, truncated_spectrum, zero_filled_inverse
-from test_reduction import reduction_for
 from torch.distributed.tensor import Shard
 
 import drift

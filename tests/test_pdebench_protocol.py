@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from harness import DEVICE_ENV
-from test_metrics import pdebench_reference
+from reference import pdebench_reference
 
 from drift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta
 from drift.cli import main

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import TINY, metric_rows, tiny_data
 from slurm import ENDED, Slurm, require_slurm
-from test_faults import _rows
-from test_train import TINY, tiny_data
 
 from drift.cli import main
 
@@ -43,7 +42,7 @@ def whole(tmp_path_factory, data):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OMP_NUM_THREADS", "1")
         assert main(["train", "--data", data, "--out", str(out), "--nproc", "2", *TRAIN]) == 0
-    return _rows(out)
+    return metric_rows(out)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +88,7 @@ def test_a_job_requeued_mid_run_continues_to_the_uninterrupted_metrics(slurm, da
     log = (tmp_path / f"job-{job}.out").read_text()
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
     assert "drift train: stopped by SIGTERM" in log and f"done: {EPOCHS} epochs" in log, log
-    assert _rows(out) == whole
+    assert metric_rows(out) == whole
 
 
 def test_the_time_limit_warning_checkpoints_and_the_job_requeues_itself(slurm, data, whole, tmp_path):
@@ -109,7 +108,7 @@ def test_the_time_limit_warning_checkpoints_and_the_job_requeues_itself(slurm, d
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
     assert "drift train: stopped by SIGUSR1" in log and "requeueing job" in log, log
     assert f"done: {EPOCHS} epochs" in log, log
-    assert _rows(out) == whole
+    assert metric_rows(out) == whole
     assert not (out / "stopped.json").exists()
 
 
@@ -141,5 +140,5 @@ def test_a_cancelled_job_checkpoints_and_is_not_requeued(slurm, data, whole, tmp
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert main(["train", "--data", data, "--out", str(out), "--nproc", "2", "--resume", "auto", *TRAIN]) == 0
     assert _metrics(out)[: len(before)] == before  # resumed: a fresh run would have timed its epochs anew
-    assert _rows(out) == whole
+    assert metric_rows(out) == whole
     assert slurm.job(job)["JobState"] == "CANCELLED"  # and it did not run again meanwhile

@@ -14,14 +14,14 @@ import sys
 import h5py
 import pytest
 import torch
-from harness import DEVICE_ENV
 from reference import rel_err
+from runs import DEVICE, TINY, fails_with_one_line, png_size, run_training, tiny_data, train_config
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from drift import comm
 from drift.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.cli import main
-from drift.data import generate
+from drift.data import PDEBench3D, Stats, generate
 from drift.launch import RankError
 from drift.train import (
     LEGACY_OPTIONS,
@@ -38,29 +38,10 @@ from drift.train import (
 )
 from drift.train.sharding import datasets
 
-DEVICE = os.environ.get(DEVICE_ENV, "cpu")
-
-
-def tiny_data(path) -> str:
-    """Writes the tests' tiny data set to ``path``: 4 trajectories (3 to train on) of 7 frames on 8^3."""
-    generate(path, samples=4, resolution=8, frames=7, seed=1, progress=False)
-    return str(path)
-
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return tiny_data(tmp_path_factory.mktemp("train") / "cfd.hdf5")
-
-
-def _config(data, out, **changes) -> TrainConfig:
-    base = TrainConfig(
-        data=data, t_in=2, t_out=4, width=4, modes=(2, 2, 2, 2), layers=2, epochs=3, batch_size=2, lr=1e-2, plots=False
-    )
-    return dataclasses.replace(base, out=str(out), device=DEVICE, progress=False, **changes)
-
-
-def _train(config: TrainConfig) -> list[dict]:
-    return train(config)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -89,12 +70,12 @@ def _close(a, b, rtol):
 
 
 def test_two_ranks_train_like_one(ranks, data, tmp_path):
-    one = ranks.run(1, _train, _config(data, tmp_path / "p1"))[0]
-    two = ranks.run(2, _train, _config(data, tmp_path / "p2", plots=True))
-    pencil = ranks.run(4, _train, _config(data, tmp_path / "p4", grid=(2, 2, 1)))
+    one = ranks.run(1, run_training, train_config(data, tmp_path / "p1"))[0]
+    two = ranks.run(2, run_training, train_config(data, tmp_path / "p2", plots=True))
+    pencil = ranks.run(4, run_training, train_config(data, tmp_path / "p4", grid=(2, 2, 1)))
     # 2 data ranks x 2 spatial: 3 training trajectories in batches of 2, so the last batch leaves a
     # data rank with none (it still joins the collectives).
-    mixed = ranks.run(4, _train, _config(data, tmp_path / "dp", data_parallel=2))
+    mixed = ranks.run(4, run_training, train_config(data, tmp_path / "dp", data_parallel=2))
     assert _losses(two[0]) == _losses(two[1]) and _losses(pencil[0]) == _losses(pencil[3])
     assert all(_losses(r) == _losses(mixed[0]) for r in mixed)
     assert len(one) == 3 and one[-1]["train_loss"] < one[0]["train_loss"]
@@ -102,8 +83,13 @@ def test_two_ranks_train_like_one(ranks, data, tmp_path):
     assert _close(_losses(mixed[0]), _losses(one), 1e-5)
     rows = [json.loads(line) for line in (tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()]
     assert _losses(rows) == _losses(two[0])
-    for name in ("loss.png", "slice.png", "stats.json"):
-        assert (tmp_path / "p2" / name).stat().st_size > 0
+    # The normalisation the run saved is the training set's, as one process reads it from the file.
+    saved, stats = Stats.load(tmp_path / "p2" / "stats.json"), PDEBench3D(data, t_in=2, t_out=4).stats
+    assert saved.fields == stats.fields
+    assert saved.mean == pytest.approx(stats.mean, rel=1e-6) and saved.std == pytest.approx(stats.std, rel=1e-6)
+    # The plots are PNG images of drift.train.plots' figures: 9 x 3.5 and 11 x 7 inches at 120 dpi.
+    assert png_size(tmp_path / "p2" / "loss.png") == (1080, 420)
+    assert png_size(tmp_path / "p2" / "slice.png") == (1320, 840)
     assert not any((tmp_path / "p1" / name).exists() for name in ("loss.png", "slice.png"))  # plots=False
 
 
@@ -119,7 +105,7 @@ def _weights_and_targets(config: TrainConfig):
 def test_frame_weighted_loss(ranks, data, tmp_path):
     """--loss frame-weighted: the weights are the inverse variance of each field and predicted frame over
     the training targets (numpy), the same on any mesh, and training with them is too."""
-    config = _config(data, tmp_path / "w", loss="frame-weighted")
+    config = train_config(data, tmp_path / "w", loss="frame-weighted")
     weights, targets = ranks.run(1, _weights_and_targets, config)[0]
     fields, frames = targets.shape[1:3]
     variance = targets.double().numpy().transpose(1, 2, 0, 3, 4, 5).reshape(fields, frames, -1).var(axis=2)
@@ -137,9 +123,9 @@ def test_frame_weighted_loss(ranks, data, tmp_path):
         RankError, match="the normalised field 'Vy' is constant over the training trajectories at predicted frame 2"
     ):
         ranks.run(2, _weights_and_targets, dataclasses.replace(config, data=str(flat)))
-    one = ranks.run(1, _train, config)[0]
-    two = ranks.run(2, _train, _config(data, tmp_path / "w2", loss="frame-weighted"))[0]
-    plain = ranks.run(1, _train, _config(data, tmp_path / "mse", loss="mse"))[0]
+    one = ranks.run(1, run_training, config)[0]
+    two = ranks.run(2, run_training, train_config(data, tmp_path / "w2", loss="frame-weighted"))[0]
+    plain = ranks.run(1, run_training, train_config(data, tmp_path / "mse", loss="mse"))[0]
     assert _close(_losses(two), _losses(one), 1e-5) and one[-1]["train_loss"] < one[0]["train_loss"]
     assert one[0]["train_loss"] != plain[0]["train_loss"]
 
@@ -147,8 +133,8 @@ def test_frame_weighted_loss(ranks, data, tmp_path):
 def test_reduction_trains_like_the_flat_reduction(ranks, data, tmp_path):
     """--reduction 2x2 with --overlap 3 on a slab of 4: the same losses as the flat reduction, and its
     checkpoint evaluates on 1 rank (the weights are stored alike)."""
-    flat = ranks.run(4, _train, _config(data, tmp_path / "flat"))[0]
-    tree = ranks.run(4, _train, _config(data, tmp_path / "tree", reduction=(2, 2), overlap=3))[0]
+    flat = ranks.run(4, run_training, train_config(data, tmp_path / "flat"))[0]
+    tree = ranks.run(4, run_training, train_config(data, tmp_path / "tree", reduction=(2, 2), overlap=3))[0]
     assert _close(_losses(tree), _losses(flat), 1e-5), (tree, flat)
     result = ranks.run(1, evaluate, str(tmp_path / "tree"))[0]
     assert result["test_rel_l2"] == pytest.approx(tree[-1]["test_rel_l2"], rel=1e-5)
@@ -172,18 +158,18 @@ def test_reduction_over_hosts_takes_torchruns_hosts(monkeypatch):
 
 
 def test_drift_and_dfno_train_alike(ranks, data, tmp_path):
-    drift = ranks.run(2, _train, _config(data, tmp_path / "drift"))[0]
+    drift = ranks.run(2, run_training, train_config(data, tmp_path / "drift"))[0]
     for method in ("dfno", "dfno-pruned"):
-        other = ranks.run(2, _train, _config(data, tmp_path / method, method=method))[0]
+        other = ranks.run(2, run_training, train_config(data, tmp_path / method, method=method))[0]
         assert _close(_losses(other), _losses(drift), 1e-5), (method, other, drift)
 
 
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])
 def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path, schedule):
-    whole, state = ranks.run(2, _train_then_state, _config(data, tmp_path / "whole", schedule=schedule))[0]
+    whole, state = ranks.run(2, _train_then_state, train_config(data, tmp_path / "whole", schedule=schedule))[0]
     checkpoints = tmp_path / "split" / "checkpoints"
     if schedule == "constant":  # a run of 2 epochs, continued to 3
-        ranks.run(2, _train, _config(data, tmp_path / "split", epochs=2, schedule=schedule))
+        ranks.run(2, run_training, train_config(data, tmp_path / "split", epochs=2, schedule=schedule))
     else:  # the cosine runs over --epochs: the 3-epoch run, stopped after its second checkpoint
         shutil.copytree(tmp_path / "whole" / "checkpoints" / "epoch-0002", checkpoints / "epoch-0002")
         (checkpoints / "latest").write_text("epoch-0002\n")
@@ -192,7 +178,7 @@ def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path, schedule
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"torn")
     assert latest_checkpoint(checkpoints).name == "epoch-0002"
-    config = _config(data, tmp_path / "split", resume=True, schedule=schedule)
+    config = train_config(data, tmp_path / "split", resume=True, schedule=schedule)
     resumed, resumed_state = ranks.run(2, _train_then_state, config)[0]
     times = ("seconds", "phase_seconds")
     assert resumed == [dict(r, **{k: s[k] for k in times}) for r, s in zip(whole, resumed, strict=True)]
@@ -208,7 +194,7 @@ def _evaluate(run, method, options=None):
 
 def test_checkpoint_from_two_ranks_evaluates_anywhere(ranks, data, tmp_path):
     run = tmp_path / "run"
-    history = ranks.run(2, _train, _config(data, run))[0]
+    history = ranks.run(2, run_training, train_config(data, run))[0]
     last = history[-1]["test_rel_l2"]
     on_one = ranks.run(1, _evaluate, str(run), None)[0]
     assert on_one["ranks"] == 1 and on_one["trained_on"] == 2 and on_one["epoch"] == 3
@@ -284,7 +270,7 @@ def _load_moments(config: TrainConfig, root: str) -> dict:
 )
 def test_checkpoint_reshards_between_ranks_and_methods(ranks, tmp_path, saved, loaded):
     root = str(tmp_path / "ck")
-    config = _config(None, tmp_path, modes=(3, 2, 2, 3))
+    config = train_config(None, tmp_path, modes=(3, 2, 2, 3))
     (size, method, data_parallel), (load_size, load_method, load_data_parallel) = saved, loaded
     want = ranks.run(
         size, _save_and_moments, dataclasses.replace(config, method=method, data_parallel=data_parallel), root
@@ -301,20 +287,6 @@ def test_checkpoint_reshards_between_ranks_and_methods(ranks, tmp_path, saved, l
 
 def _drift(*args):
     return subprocess.run([sys.executable, "-m", "drift", *args], capture_output=True, text=True, timeout=300)
-
-
-TINY = ["--t-in", "2", "--t-out", "4", "--width", "4", "--modes", "2", "--layers", "2", "--no-progress", "--no-plots"]
-
-
-def _fails_with_one_line(capsys, argv, names) -> None:
-    """``drift`` fails with exit code 2 and one error line that names ``names``, no traceback."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse's own errors
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2 and names in err and "Traceback" not in err, err
-    assert len([line for line in err.splitlines() if "error" in line]) == 1, err
 
 
 @pytest.mark.parametrize(
@@ -345,19 +317,19 @@ def _fails_with_one_line(capsys, argv, names) -> None:
     ],
 )
 def test_bad_train_options_fail_with_one_line(capsys, data, tmp_path, args, names):
-    _fails_with_one_line(capsys, ["train", "--data", data, "--out", str(tmp_path), *TINY, *args], names)
+    fails_with_one_line(capsys, ["train", "--data", data, "--out", str(tmp_path), *TINY, *args], names)
 
 
 def test_bad_data_and_resume_fail_with_one_line(capsys, data, tmp_path):
-    _fails_with_one_line(capsys, ["train", "--data", str(tmp_path / "none.hdf5"), *TINY], "none.hdf5")
-    _fails_with_one_line(capsys, ["train", "--data", data, "--out", str(tmp_path), "--resume", *TINY], "no checkpoint")
-    _fails_with_one_line(capsys, ["evaluate", str(tmp_path)], "no checkpoint")
+    fails_with_one_line(capsys, ["train", "--data", str(tmp_path / "none.hdf5"), *TINY], "none.hdf5")
+    fails_with_one_line(capsys, ["train", "--data", data, "--out", str(tmp_path), "--resume", *TINY], "no checkpoint")
+    fails_with_one_line(capsys, ["evaluate", str(tmp_path)], "no checkpoint")
 
 
 def test_a_failing_rank_fails_with_one_line(capsys, data, tmp_path):
     (tmp_path / "file").touch()  # rank 0 cannot make the run folder inside a file; rank 1 waits for it
     argv = ["train", "--data", data, "--out", str(tmp_path / "file" / "run"), "--nproc", "2", *TINY]
-    _fails_with_one_line(capsys, argv, "drift train: error: rank 0 failed: NotADirectoryError: [Errno 20]")
+    fails_with_one_line(capsys, argv, "drift train: error: rank 0 failed: NotADirectoryError: [Errno 20]")
 
 
 def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_path):
@@ -369,10 +341,10 @@ def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_p
     assert first.returncode == 0, first.stderr
     assert "test relative L2" in first.stdout and "outputs in" in first.stdout
     resume = ["train", "--out", out, "--epochs", "3", "--resume", *TINY]  # on the run's own data
-    _fails_with_one_line(capsys, [*resume, "--layers", "3"], "--layers")
+    fails_with_one_line(capsys, [*resume, "--layers", "3"], "--layers")
     other = tmp_path / "other.hdf5"
     generate(other, samples=4, resolution=6, frames=7, seed=1, progress=False)
-    _fails_with_one_line(
+    fails_with_one_line(
         capsys, [*resume, "--data", str(other)], f"(8, 8, 8) grid of {data}; --data {other} has (6, 6, 6)"
     )
     assert main(resume) == 0  # the 2-rank run goes on on one rank
@@ -383,8 +355,8 @@ def test_train_command_on_two_ranks_then_resume_and_evaluate(capsys, data, tmp_p
     assert main(["evaluate", out, "--json", str(report)]) == 0
     assert f"test relative L2 {last:.4f}" in capsys.readouterr().out
     assert abs(json.loads(report.read_text())["test_rel_l2"] - last) <= 1e-5 * last
-    _fails_with_one_line(capsys, ["evaluate", out, "--resolution", "3"], "--resolution 3")
-    _fails_with_one_line(capsys, ["evaluate", out, "--resolution", "2"], "--resolution 2")  # modes do not fit
+    fails_with_one_line(capsys, ["evaluate", out, "--resolution", "3"], "--resolution 3")
+    fails_with_one_line(capsys, ["evaluate", out, "--resolution", "2"], "--resolution 2")  # modes do not fit
 
 
 def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
@@ -397,7 +369,7 @@ def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
     assert done.returncode == 0, f"{done.stderr}\nstdout:\n{done.stdout[-2000:]}"
     assert done.stdout.count("done: 2 epochs") == 1  # rank 0 reports
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    one = train(_config(data, tmp_path / "one", epochs=2))
+    one = train(train_config(data, tmp_path / "one", epochs=2))
     assert _close(_losses(rows), _losses(one), 1e-5)
     # Options every rank refuses alike: one line from the host, not one a rank.
     bad = subprocess.run([*cmd, "--reduction", "3x1"], capture_output=True, text=True, timeout=300)
@@ -406,25 +378,25 @@ def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
 
 
 def test_method_auto_chooses_by_the_data_grid(ranks, data, tmp_path):
-    config = _config(data, tmp_path / "run", method="auto", epochs=1)
+    config = train_config(data, tmp_path / "run", method="auto", epochs=1)
     check_config(config, 1)
     model = build_model(config, DEVICE, None, (8, 8, 8, config.t_out))
     assert [layer.method for layer in model.spectral] == ["drift", "drift"]
     assert str(model.spectral[0].choice).startswith("auto chose drift at 8x8x8x4 on 1x1x1x1 ranks: drift ")
     # On 2 ranks the same losses as drift's: it chose drift there too.
-    auto = ranks.run(2, _train, config)[0]
-    explicit = ranks.run(2, _train, dataclasses.replace(config, method="drift", out=str(tmp_path / "drift")))[0]
+    auto = ranks.run(2, run_training, config)[0]
+    explicit = ranks.run(2, run_training, dataclasses.replace(config, method="drift", out=str(tmp_path / "drift")))[0]
     assert [r["train_loss"] for r in auto] == [r["train_loss"] for r in explicit]
 
 
 def test_factorized_run_evaluates_and_resumes_only_as_factorized(capsys, data, tmp_path):
     out = tmp_path / "tucker"
-    history = train(_config(data, out, epochs=1, factorization="tucker", rank=0.5))
+    history = train(train_config(data, out, epochs=1, factorization="tucker", rank=0.5))
     # evaluate builds the run's model from its checkpoint's options: factors, no dense weights
     assert abs(evaluate(out)["test_rel_l2"] - history[-1]["test_rel_l2"]) <= 1e-5 * history[-1]["test_rel_l2"]
     resume = ["train", "--data", data, "--out", str(out), "--epochs", "2", "--resume", *TINY]
-    _fails_with_one_line(capsys, [*resume, "--factorization", "tucker"], "--rank")
-    _fails_with_one_line(capsys, resume, "--factorization")
+    fails_with_one_line(capsys, [*resume, "--factorization", "tucker"], "--rank")
+    fails_with_one_line(capsys, resume, "--factorization")
 
 
 def test_cosine_schedule_is_torchs_cosine_annealing():
@@ -444,7 +416,7 @@ def test_a_checkpoint_before_the_model_options_resumes_as_the_plain_fno_with_ada
     Adam at a constant rate: it evaluates, and resumes only with those options."""
     out = tmp_path / "old"
     old = dict(model="plain", weight_decay=0.0, schedule="constant")
-    history = train(_config(data, out, epochs=1, **old))
+    history = train(train_config(data, out, epochs=1, **old))
     meta_file = latest_checkpoint(out / "checkpoints") / "meta.json"
     meta = read_meta(meta_file.parent)
     assert all(meta["config"].pop(name) == value for name, value in old.items())
@@ -452,9 +424,9 @@ def test_a_checkpoint_before_the_model_options_resumes_as_the_plain_fno_with_ada
     meta_file.write_text(json.dumps(meta))
     assert abs(evaluate(out)["test_rel_l2"] - history[-1]["test_rel_l2"]) <= 1e-5 * history[-1]["test_rel_l2"]
     resume = ["train", "--data", data, "--out", str(out), "--epochs", "2", "--resume", "--lr", "0.01", *TINY]
-    _fails_with_one_line(capsys, resume, "--model is neuralop, the run was trained with plain")
-    _fails_with_one_line(capsys, [*resume, "--model", "plain"], "--weight-decay is 0.0001, the run was trained with 0")
-    _fails_with_one_line(
+    fails_with_one_line(capsys, resume, "--model is neuralop, the run was trained with plain")
+    fails_with_one_line(capsys, [*resume, "--model", "plain"], "--weight-decay is 0.0001, the run was trained with 0")
+    fails_with_one_line(
         capsys, [*resume, "--model", "plain", "--weight-decay", "0"], "--schedule is cosine, the run was trained with"
     )
     assert main([*resume, "--model", "plain", "--weight-decay", "0", "--schedule", "constant"]) == 0
