@@ -280,8 +280,10 @@ def _one_bad_rank(timeout_s):
 
 
 def test_one_bad_rank_fails_all_within_the_group_timeout():
+    group_timeout_s = 2.0
     with rank_pool(3) as pool:
-        check_one_bad_rank(pool.run(_one_bad_rank, 2.0, timeout_s=60), "PlanError", "expected dtype torch.float32")
+        results = pool.run(_one_bad_rank, group_timeout_s, timeout_s=60)
+    check_one_bad_rank(results, "PlanError", "expected dtype torch.float32", group_timeout_s)
 
 
 INPLACE_LAYOUTS = [
@@ -313,16 +315,30 @@ def _check_inplace(shape, grid, batch, dtype, norm, staging_bytes):
     back = plan.inverse(y)
     assert back.data_ptr() == storage
     assert rel_err(back, local_block(x, mesh, placements, len(batch))) <= TOL[dtype]
-    return len(log.calls)
+    return len(log.calls), log.bytes
+
+
+def _inplace_exchanges(shape, grid, batch, itemsize: int, staging_bytes: int) -> tuple[int, int]:
+    """The calls and bytes one rank's forward hands to ``sendrecv`` (even splits): one transpose per split
+    dim, within its q ranks, sends the block's share of each of the q - 1 others, in chunks of at most
+    ``staging_bytes``."""
+    block = math.prod(batch) * math.prod(shape) // math.prod(grid)  # elements, before and after each transpose
+    calls = nbytes = 0
+    for q in (g for g in grid if g > 1):
+        share = block // q
+        chunk = min(staging_bytes // itemsize, share)
+        calls += (q - 1) * -(-share // chunk)
+        nbytes += (q - 1) * share * itemsize
+    return calls, nbytes
 
 
 @pytest.mark.parametrize(("shape", "grid", "batch"), INPLACE_LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_inplace_matches_and_reuses_the_storage(ranks, shape, grid, batch, dtype):
     norm = "ortho" if dtype == torch.float64 else "backward"
-    calls = ranks.run(math.prod(grid), _check_inplace, shape, grid, batch, dtype, norm, 256)
-    if math.prod(grid) > 1:
-        assert min(calls) > 0
+    exchanges = ranks.run(math.prod(grid), _check_inplace, shape, grid, batch, dtype, norm, 256)
+    itemsize = 16 if dtype == torch.float64 else 8  # complex128, complex64
+    assert exchanges == [_inplace_exchanges(shape, grid, batch, itemsize, 256)] * math.prod(grid)
 
 
 def _inplace_empty_batch():

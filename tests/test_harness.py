@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from harness import rank_pool
+from harness import ended_by_timeout, rank_pool
 
 from drift.launch import RankError
 
@@ -75,11 +75,12 @@ def test_ranks_with_one_error_are_named_together_on_one_line():
 
 
 def test_dead_rank_fails_in_bounded_time():
+    call_timeout_s = 60
     with rank_pool(3) as pool:
         start = time.monotonic()
         with pytest.raises(RankError, match=r"rank 2 died \(exit code 3\)"):
-            pool.run(_die_on_rank_two, timeout_s=60)
-        assert time.monotonic() - start < 30
+            pool.run(_die_on_rank_two, timeout_s=call_timeout_s)
+        assert time.monotonic() - start < call_timeout_s  # the death is seen, not waited out
 
 
 @pytest.mark.parametrize("fn", [_hang_on_rank_zero, _all_reduce_but_rank_one])
@@ -88,7 +89,7 @@ def test_stuck_rank_fails_within_the_timeout(fn):
         start = time.monotonic()
         with pytest.raises(RankError, match="did not answer within 3 s"):
             pool.run(fn, timeout_s=3)
-        assert time.monotonic() - start < 15
+        assert ended_by_timeout(time.monotonic() - start, 3)
 
 
 def test_unpicklable_result_fails_the_call():
@@ -96,11 +97,14 @@ def test_unpicklable_result_fails_the_call():
         pool.run(_unpicklable_result)
 
 
+MESH_TIMEOUT_S = 3
+
+
 def _mesh_peer_missing():
     """Rank 0 skips an all-reduce in its group along mesh dim 1 of a 2 x 2 ``grid_mesh``."""
     import drift
 
-    mesh, _ = drift.grid_mesh((2, 2), timeout_s=3)
+    mesh, _ = drift.grid_mesh((2, 2), timeout_s=MESH_TIMEOUT_S)
     start = time.monotonic()
     try:
         if dist.get_rank() != 0:
@@ -114,5 +118,5 @@ def test_mesh_groups_time_out_as_asked():
     # init_device_mesh's sub-groups would wait 30 minutes for a peer that never comes.
     with rank_pool(4) as pool:
         results = pool.run(_mesh_peer_missing, timeout_s=60)
-    assert results[1][0] == "failed" and 2.5 < results[1][1] < 30, results
+    assert results[1][0] == "failed" and ended_by_timeout(results[1][1], MESH_TIMEOUT_S), results
     assert [r[0] for r in results[2:]] == ["finished", "finished"], results

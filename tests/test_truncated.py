@@ -608,9 +608,10 @@ def _one_bad_rank(timeout_s):
 
 
 def test_one_bad_rank_fails_all_within_the_group_timeout():
+    group_timeout_s = 2.0
     with rank_pool(3) as pool:
-        results = pool.run(_one_bad_rank, 2.0, timeout_s=60)
-    check_one_bad_rank(results, "PlanError", "expected shape (*batch, 4, 10), got (5, 10)")
+        results = pool.run(_one_bad_rank, group_timeout_s, timeout_s=60)
+    check_one_bad_rank(results, "PlanError", "expected shape (*batch, 4, 10), got (5, 10)", group_timeout_s)
 
 
 @pytest.mark.parametrize("real", [True, False])
