@@ -226,6 +226,28 @@ def test_runner_failures_are_errors_not_hangs():
     assert time.monotonic() - start < 60
 
 
+COMPLEX64 = 8  # bytes of one value of a float32 field's spectrum
+
+
+def _layer_collectives(method: str, shape, modes, channels: int, size: int) -> list[list]:
+    """``[kind, payload bytes, ranks]`` of the collectives one spectral layer's forward issues on one rank of
+    a slab of ``size`` ranks (the first dim split evenly), batch 1, ``channels`` in and out, real fields with
+    ``modes`` (ints: 2k kept on the leading dims, k on the last)."""
+    if size == 1:
+        return []
+    kept = (*(2 * k for k in modes[:-1]), modes[-1])
+    if method == "drift":
+        # Every kept mode of this rank's partial spectrum is reduce-scattered (the first mode dim padded
+        # to equal shares); its share of the product is all-gathered.
+        share, row = -(-kept[0] // size), math.prod(kept[1:]) * channels * COMPLEX64
+        return [["reduce_scatter", size * share * row, size], ["all_gather", share * row, size]]
+    # A transpose each way moves this rank's whole block of the spectrum: dfno's of the half spectrum,
+    # dfno-pruned's of the kept modes of the dims it transformed before the split one.
+    whole = (*shape[1:-1], shape[-1] // 2 + 1) if method == "dfno" else kept[1:]
+    block = shape[0] // size * math.prod(whole) * channels * COMPLEX64
+    return [["all_to_all", block, size]] * 2
+
+
 def _run(tmp_path, name, *argv):
     out = tmp_path / name
     assert cli.main([name, *argv, "--out", str(out)]) == 0
@@ -243,8 +265,13 @@ def test_bench_comm(tmp_path, capsys):
         *("--fno-shape", "16x16x16x30", "--fno-ranks", "2", "--fno-iters", "1", "--modes", "4", "4", "4", "4"),
         *("--project-ranks", "4", "64"),
     )
-    assert {r["kind"] for r in data["sweep"]} == set(comm.KINDS)
-    assert all(r["ranks"] == 2 and r["seconds"]["mean"] > 0 and r["seconds"]["n"] == 2 for r in data["sweep"])
+    # A row for every collective and size asked for (the whole vector's bytes), each of 2 rounds.
+    cases = sorted((r["kind"], r["ranks"], r["bytes"]) for r in data["sweep"])
+    assert cases == sorted((kind, 2, kib * 1024) for kind in comm.KINDS for kib in (64, 1024))
+    for r in data["sweep"]:
+        s = r["seconds"]
+        assert s["n"] == 2 and 0 < s["min"] <= s["q1"] <= s["median"] <= s["q3"] <= s["max"], s
+        assert s["min"] <= s["mean"] <= s["max"], s
     threshold = data["threshold_bytes"]
     assert threshold is None or 1024 <= threshold < 1024 * 1024 // 2
     for fit in [*data["fits"].values(), *(f for per in data["fits_per_ranks"].values() for f in per.values())]:
@@ -254,7 +281,10 @@ def test_bench_comm(tmp_path, capsys):
     kinds = {(r["method"], r["kind"]) for r in data["fno"]}
     assert kinds == {("drift", "reduce_scatter"), ("drift", "all_gather"), ("dfno", "all_to_all")}
     for r in data["fno"]:
-        assert r["calls"] > 0 and r["bytes"] > 0 and math.isfinite(r["model_s"] / r["measured_s"])
+        # The FNO's 4 spectral layers (width 20) on 2 ranks: per kind, their calls and payload bytes.
+        mine = [c for c in _layer_collectives(r["method"], (16, 16, 16, 30), (4, 4, 4, 4), 20, 2) if c[0] == r["kind"]]
+        assert (r["calls"], r["bytes"]) == (4 * len(mine), 4 * sum(c[1] for c in mine)), r
+        assert math.isfinite(r["model_s"] / r["measured_s"])
         assert 0 < r["last_arrival_s"] <= r["measured_s"]
     assert [r["ranks"] for r in data["projection"]] == [4, 64] and data["cluster"]["name"] == "paper"
     assert [tuple(r["reduction"]) for r in data["projection"]] == [(2, 2), (2,) * 6]
@@ -274,10 +304,13 @@ def test_bench_scaling(tmp_path):
     assert {(r["scaling"], r["method"]) for r in rows} == {
         (s, m) for s in ("strong", "weak") for m in ("drift", "dfno", "dfno-pruned")
     }
-    assert all(r["completed"] and r["forward"]["n"] == 2 and r["backward"]["median"] > 0 for r in rows)
+    assert all(r["completed"] and r["forward"]["n"] == 2 and r["backward"]["n"] == 2 for r in rows)
+    assert all(r["ranks"] == 2 and len(r["peak_gb_per_rank"]) == 2 for r in rows)
     assert {tuple(r["shape"]) for r in rows if r["scaling"] == "weak"} == {(16, 16, 8, 6)}
-    drift_row = next(r for r in rows if r["method"] == "drift")
-    assert [(c[0], c[2]) for c in drift_row["collectives"]] == [("reduce_scatter", 2), ("all_gather", 2)]
+    for r in rows:
+        # One block forward's collectives, with the payload bytes its shapes give (the same grid both ways).
+        assert r["collectives"] == _layer_collectives(r["method"], (16, 16, 8, 6), (4, 4, 4, 3), 4, 2), r
+        assert r["payload_bytes"] == sum(c[1] for c in r["collectives"])
     assert (out / "scaling_strong.png").exists() and (out / "scaling_weak.png").exists()
 
 
@@ -285,19 +318,35 @@ def test_bench_modes_and_phases(tmp_path):
     data, out = _run(
         tmp_path, "modes", "--nproc", "2", "--k", "2", "4", "--shape", "16x16x8x6", "--iters", "2", "--width", "4"
     )
-    payload = {(r["k"], r["method"]): r["payload_bytes"] for r in data["rows"]}
+    rows = data["rows"]
+    assert [(r["ranks"], r["k"], r["method"]) for r in rows] == [(2, k, m) for k in (2, 4) for m in ("drift", "dfno")]
+    for r in rows:
+        # k modes on every dim (within what 16 x 16 x 8 x 6 has), and the block's collectives for them.
+        assert r["completed"] and r["modes"] == [r["k"]] * 4 and r["forward"]["n"] == 2
+        assert r["collectives"] == _layer_collectives(r["method"], (16, 16, 8, 6), r["modes"], 4, 2), r
+        assert r["payload_bytes"] == sum(c[1] for c in r["collectives"])
+    payload = {(r["k"], r["method"]): r["payload_bytes"] for r in rows}
     assert payload[(4, "drift")] > payload[(2, "drift")]  # drift's payload grows with k, dfno's does not
     assert payload[(4, "dfno")] == payload[(2, "dfno")]
     assert (out / "modes_P2.png").exists()
     data, out = _run(
-        tmp_path, "phases", "--nproc", "2", "--shape", "16x16x8x6", "--modes", "4", "4", "4", "3", "--iters", "2"
+        tmp_path, "phases", "--nproc", "1", "2", "--shape", "16x16x8x6", "--modes", "4", "4", "4", "3", "--iters", "2"
     )
-    assert [r["method"] for r in data["rows"]] == ["drift", "dfno", "dfno-pruned"]
+    methods = ["drift", "dfno", "dfno-pruned"]
+    assert [(r["ranks"], r["method"]) for r in data["rows"]] == [(p, m) for p in (1, 2) for m in methods]
     for r in data["rows"]:
         phases = r["phases_s"]
+        assert r["completed"] and r["forward"]["n"] == 2
         assert set(data["phases"]) <= set(phases) | {"other"}
-        assert phases["lift+projection"] > 0 and phases["collectives"] > 0
-        assert sum(phases.values()) == pytest.approx(r["forward"]["median"], rel=0.5)
+        # The whole FNO (4 layers, width 20): each layer's collectives, none on one rank.
+        layer = _layer_collectives(r["method"], (16, 16, 8, 6), (4, 4, 4, 3), 20, r["ranks"])
+        assert r["collectives"] == layer * 4 and r["payload_bytes"] == 4 * sum(c[1] for c in layer), r
+        assert phases["lift+projection"] > 0 and (phases["collectives"] > 0) == (r["ranks"] > 1)
+        if r["ranks"] == 1:
+            # Each pass's phases sum to its time ("other" is the rest), so the median phases of 2 passes
+            # (their means) sum to the median forward; on P ranks the phases are the ranks' mean, the
+            # forward rank 0's.
+            assert sum(phases.values()) == pytest.approx(r["forward"]["median"], rel=1e-9)
     assert (out / "phases.png").exists()
 
 

@@ -9,25 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import device_for
-from meshes import attempts_without_collectives, distribute, local_block, mesh_for, rank_coordinates
+from meshes import attempts_without_collectives, distribute, local_block, mesh_for, rank_coordinates, reduction_for
 from reference import TOL, mesh_block, mesh_share, random_tensor, rel_err, truncated_spectrum, zero_filled_inverse
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import DTensor, Shard
 
 import drift
 from drift.layout import device_mesh
 from drift.nn import FNO, SpectralConv, parallelize
-
-_REDUCTIONS: dict[tuple, object] = {}
-
-
-def reduction_for(grid, shape):
-    """``drift.reduction_mesh`` of ``shape`` over the field of ``mesh_for(grid)``, made once per worker."""
-    key = (tuple(grid), tuple(shape))
-    if key not in _REDUCTIONS:
-        mesh, placements = mesh_for(grid)
-        spatial = [a for a, p in enumerate(placements) if isinstance(p, Shard)]
-        _REDUCTIONS[key] = drift.reduction_mesh(mesh, spatial, shape, timeout_s=60.0)
-    return _REDUCTIONS[key]
 
 
 def _first(s: slice, d: int) -> tuple:
@@ -174,12 +162,27 @@ def _parallel_models(reduction):
             )
         # The state dicts are the same: one loads into the other.
         flat.load_state_dict(tree.state_dict())
-        results.append(sorted(tree.state_dict()))
+        # Their keys, and the entries of the reduction's that differ from the single-device model's.
+        state, reference = tree.state_dict(), single.state_dict()
+        changed = [k for k, v in state.items() if not torch.equal(_whole(v), reference[k])]
+        results.append((sorted(state), sorted(flat.state_dict()), sorted(reference), changed))
     return results
 
 
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A state-dict entry's global value (a DTensor's gathered: a collective on every rank)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def test_parallelize_with_reduction_keeps_shares_and_weights(ranks):
-    ranks.run(4, _parallel_models, (2, 2))
+    results = ranks.run(4, _parallel_models, (2, 2))
+    assert len(results) == 4 and all(r == results[0] for r in results)  # every rank holds the same names
+    assert len(results[0]) == 2  # the slab and the data x space mesh
+    for tree, flat, single, changed in results[0]:
+        # The reduction changes no name and no value: each rank's state dict is the flat model's and the
+        # single-device model's, entry by entry.
+        assert tree == flat == single and tree, (tree, flat, single)
+        assert changed == [], changed
 
 
 def _bad_reductions():
