@@ -230,9 +230,9 @@ COMPLEX64 = 8  # bytes of one value of a float32 field's spectrum
 
 
 def _layer_collectives(method: str, shape, modes, channels: int, size: int) -> list[list]:
-    """``[kind, payload bytes, ranks]`` of the collectives one spectral layer's forward issues on one rank of
-    a slab of ``size`` ranks (the first dim split evenly), batch 1, ``channels`` in and out, real fields with
-    ``modes`` (ints: 2k kept on the leading dims, k on the last)."""
+    """``[kind, payload bytes, ranks]`` of the collectives one spectral layer's forward issues on rank 0 (whose
+    calls the benchmarks report) of a slab of ``size`` ranks (the first dim split evenly), batch 1,
+    ``channels`` in and out, real fields with ``modes`` (ints: 2k kept on the leading dims, k on the last)."""
     if size == 1:
         return []
     kept = (*(2 * k for k in modes[:-1]), modes[-1])
@@ -241,11 +241,14 @@ def _layer_collectives(method: str, shape, modes, channels: int, size: int) -> l
         # to equal shares); its share of the product is all-gathered.
         share, row = -(-kept[0] // size), math.prod(kept[1:]) * channels * COMPLEX64
         return [["reduce_scatter", size * share * row, size], ["all_gather", share * row, size]]
-    # A transpose each way moves this rank's whole block of the spectrum: dfno's of the half spectrum,
-    # dfno-pruned's of the kept modes of the dims it transformed before the split one.
-    whole = (*shape[1:-1], shape[-1] // 2 + 1) if method == "dfno" else kept[1:]
-    block = shape[0] // size * math.prod(whole) * channels * COMPLEX64
-    return [["all_to_all", block, size]] * 2
+    # A transpose each way swaps the split first dim with the last one, moving this rank's whole block:
+    # forward its slab of the first dim after the other dims' transforms, back the whole first dim and
+    # rank 0's torch.chunk of the last dim's outputs. Those outputs: dfno's the half spectrum, dfno-pruned's
+    # the kept modes.
+    out = (*shape[1:-1], shape[-1] // 2 + 1) if method == "dfno" else kept[1:]
+    forward = shape[0] // size * math.prod(out)
+    back = shape[0] * math.prod(out[:-1]) * -(-out[-1] // size)
+    return [["all_to_all", forward * channels * COMPLEX64, size], ["all_to_all", back * channels * COMPLEX64, size]]
 
 
 def _run(tmp_path, name, *argv):
