@@ -125,7 +125,7 @@ def _chunked(model: FNO, x: torch.Tensor, mib: float, cut: bool = True) -> torch
     if not cut:
         chunked._parts = lambda device: 1
     try:
-        return model._project(x)
+        return model.executor.project(model.project_hidden, model.project_out, model.non_linearity, x)
     finally:
         chunked.PIECE_BYTES, chunked._parts = saved_piece, saved_parts
 

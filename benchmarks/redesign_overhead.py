@@ -1,12 +1,14 @@
-"""The DeviceMesh/DTensor redesign against the commit before it: FNO block and model forward, side by side.
+"""A redesign against the commit before it: an FNO block's forward, the FNO's forward and its training
+step, side by side.
 
 For each case, rounds alternate between the source tree of ``--before`` (extracted with ``git archive``)
 and the working tree; each measurement is a fresh ``torchrun`` group of P Gloo ranks (one thread each)
-that times ``--repeats`` forwards after a warm-up, the slowest rank's time between barriers. Prints
+that times ``--repeats`` passes after a warm-up, the slowest rank's time between barriers. A step is
+``zero_grad``, the forward, the backward of the mean square of the output and drift's Adam step. Prints
 the median per version and the ratio after / before, and writes JSON.
 
-    python benchmarks/redesign_overhead.py [--before 3599d8e] [--rounds 3] [--out results/redesign.json]
-    python benchmarks/redesign_overhead.py --before e7b7ebe --cases fno:64x64x32x30:4 fno:64x64x32x30:1
+    python benchmarks/redesign_overhead.py --before 9ebfdf8 --rounds 5
+    python benchmarks/redesign_overhead.py --before 9ebfdf8 --cases fno:64x64x32x30:4 step:32x32x32x30:1
 """
 
 from __future__ import annotations
@@ -24,83 +26,77 @@ from pathlib import Path
 from drift.arguments import shape as shape_arg
 
 ROOT = Path(__file__).resolve().parents[1]
+WHAT = ("block", "fno", "step")
 CASES = [  # (what, global shape, P, modes, layers)
     ("block", (64, 64, 32, 30), 1, (8, 8, 8, 16), 1),
     ("block", (64, 64, 32, 30), 2, (8, 8, 8, 16), 1),
     ("block", (64, 64, 32, 30), 4, (8, 8, 8, 16), 1),
     ("fno", (32, 32, 32, 30), 1, (8, 8, 8, 16), 4),
     ("fno", (32, 32, 32, 30), 4, (8, 8, 8, 16), 4),
+    ("step", (32, 32, 32, 30), 1, (8, 8, 8, 16), 4),
+    ("step", (32, 32, 32, 30), 4, (8, 8, 8, 16), 4),
 ]
 WIDTH = 20
 
 
 def _worker(what: str, shape: tuple, modes: tuple, layers: int, repeats: int) -> None:
-    """One rank: build the block or model with whichever API this tree has, time its forward."""
+    """One rank: build the block or model, time its forward or training step."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    import drift
+    from drift import nn as dnn
+    from drift import optim
+    from drift.layout import to_dtensor
 
     torch.set_num_threads(1)
     size = int(os.environ.get("WORLD_SIZE", 1))
     if size > 1:
         dist.init_process_group("gloo")
-    grid = (size, 1, 1, 1)
     x = torch.randn(1, WIDTH if what == "block" else 5, *shape, generator=torch.Generator().manual_seed(0))
-    import drift
-    from drift import nn as dnn
-
     torch.manual_seed(0)
-    if hasattr(dnn, "parallelize"):  # the DeviceMesh / DTensor API
-        from torch.distributed.tensor import Shard
+    mesh, placements = drift.grid_mesh((size, 1, 1, 1))
+    layout = drift.Layout(shape, mesh, placements)
+    x_local = layout.scatter(x)
+    if what == "block":
+        spectral, pointwise = dnn.SpectralConv(WIDTH, WIDTH, modes), dnn.PointwiseLinear(WIDTH, WIDTH)
+        if mesh is not None:
+            dnn.parallelize(torch.nn.Sequential(spectral, pointwise), mesh, (Shard(2),))
 
-        mesh, placements = drift.grid_mesh(grid)
-        layout = drift.Layout(shape, mesh, placements)
-        x_local = layout.scatter(x)
-        if what == "block":
-            spectral, pointwise = dnn.SpectralConv(WIDTH, WIDTH, modes), dnn.PointwiseLinear(WIDTH, WIDTH)
-            block = torch.nn.Sequential(spectral, pointwise)
-            if mesh is not None:
-                dnn.parallelize(block, mesh, (Shard(2),))
-
-            def run():
+        def run():
+            with torch.no_grad():
                 return dnn.fno_block(spectral, pointwise, x_local, layout)
-        else:
-            model = dnn.FNO(5, 5, WIDTH, modes, n_layers=layers)
-            xin = x_local
-            if mesh is not None:
-                from drift.layout import to_dtensor
+    else:
+        model = dnn.FNO(5, 5, WIDTH, modes, n_layers=layers)
+        xin = x_local
+        if mesh is not None:
+            dnn.parallelize(model, mesh, (Shard(2),))
+            xin = to_dtensor(x_local, mesh, (Shard(2),), x.shape)
+        optimizer = optim.Adam(model.parameters(), lr=1e-3)
 
-                dnn.parallelize(model, mesh, (Shard(2),))
-                xin = to_dtensor(x_local, mesh, (Shard(2),), x.shape)
-
-            def run():
-                return model(xin)
-    else:  # the grid API before the redesign
-        x_local = drift.scatter(x, grid)
-        if what == "block":
-            spectral = dnn.SpectralConv(WIDTH, WIDTH, shape, modes, grid, seed=0)
-            pointwise = dnn.PointwiseLinear(WIDTH, WIDTH, torch.Generator().manual_seed(0))
-
-            def run():
-                return dnn.fno_block(spectral, pointwise, x_local)
-        else:
-            model = dnn.FNO(5, 5, WIDTH, modes, shape, grid, n_layers=layers, seed=0)
-
-            def run():
-                return model(x_local)
+        def run():
+            if what == "fno":
+                with torch.no_grad():
+                    return model(xin)
+            optimizer.zero_grad(set_to_none=True)
+            y = model(xin)
+            local = y.to_local() if isinstance(y, DTensor) else y
+            local.square().mean().backward()
+            optimizer.step()
 
     def barrier():
         if size > 1:
             dist.barrier()
 
     times = []
-    with torch.no_grad():
-        for i in range(repeats + 1):
-            barrier()
-            start = time.perf_counter()
-            run()
-            barrier()
-            if i:
-                times.append(time.perf_counter() - start)
+    for i in range(repeats + 1):
+        barrier()
+        start = time.perf_counter()
+        run()
+        barrier()
+        if i:
+            times.append(time.perf_counter() - start)
     if size > 1:
         dist.destroy_process_group()
     if int(os.environ.get("RANK", 0)) == 0:
@@ -130,19 +126,22 @@ def _measure(tree: Path, case: tuple, repeats: int) -> list[float]:
 
 def _case(text: str) -> tuple:
     what, shape, size = text.split(":")
-    if what not in ("block", "fno"):
-        raise argparse.ArgumentTypeError(f"a case is block|fno:shape:P, got {text!r}")
+    if what not in WHAT:
+        raise argparse.ArgumentTypeError(f"a case is block|fno|step:shape:P, got {text!r}")
     return what, shape_arg(shape), int(size), (8, 8, 8, 16), 1 if what == "block" else 4
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", default="3599d8e", help="the commit to compare against")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--before", required=True, help="the commit to compare against")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="results/redesign_overhead.json")
     parser.add_argument(
-        "--cases", nargs="+", type=_case, help="what:shape:P, like fno:64x64x32x30:4 (modes (8, 8, 8, 16))"
+        "--cases",
+        nargs="+",
+        type=_case,
+        help="what:shape:P, like step:32x32x32x30:4 (modes (8, 8, 8, 16))",
     )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -103,9 +103,9 @@ def unfused_fno(model, x: torch.Tensor) -> torch.Tensor:
     """An FNO ``model``'s function with every block's tail and the projection written out on whole tensors."""
     layout = Layout(x.shape[2:])
     z = model.lift(x)
-    for i, (spectral, pointwise) in enumerate(zip(model.spectral, model.pointwise, strict=True)):
-        act = model.non_linearity if i < len(model.spectral) - 1 else None
-        z = unfused(z, spectral.forward_local(z, layout), pointwise.weight, pointwise.bias, act)
+    for block in model.blocks:
+        act = model.non_linearity if block.activation else None
+        z = unfused(z, block.spectral.forward_local(z, layout), block.skip.weight, block.skip.bias, act)
     hidden = unfused(z, 0, model.project_hidden.weight, model.project_hidden.bias, model.non_linearity)
     return unfused(hidden, 0, model.project_out.weight, model.project_out.bias, None)
 

@@ -266,7 +266,7 @@ def test_conversions_and_parameter_bytes():
     """``.float()`` converts the complex factors; the factors hold about ``rank`` of the dense parameters."""
     model = _fno("tucker")
     model.float()
-    assert all(p.dtype == torch.complex64 for p in model.spectral[0].parameters())
+    assert all(p.dtype == torch.complex64 for p in model.blocks[0].spectral.parameters())
     x = random_tensor((1, 2, 9, 8, 6), torch.float64, 8)
     assert rel_err(model(x.float()), model.double()(x)) <= 2e-6
     layer = SpectralConv(20, 20, (8, 8, 8, 16), factorization="cp", rank=0.05)

@@ -15,7 +15,16 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.nn import functional as F
 
 import drift
-from drift.nn import FNO, GlobalNorm, PointwiseLinear, SoftGating, from_neuralop, parallelize, to_neuralop
+from drift.nn import (
+    FNO,
+    FNOBlock,
+    GlobalNorm,
+    PointwiseLinear,
+    SoftGating,
+    from_neuralop,
+    parallelize,
+    to_neuralop,
+)
 
 neuralop_models = pytest.importorskip("neuralop.models", reason="neuraloperator is not installed")
 SHAPE = (9, 8, 6)  # 9 over 4 ranks is 3, 3, 3, 0: an empty shard
@@ -65,64 +74,101 @@ def dense_weight(conv) -> torch.Tensor:
     return tl.cp_to_tensor((w.weights, list(w.factors)))
 
 
-def reference(model: FNO, x: torch.Tensor) -> torch.Tensor:
-    """neuraloperator 2.0's FNO formula with ``model``'s single-device parameters on torch primitives
-    (torch.fft, F.instance_norm, F.group_norm, torch.linspace) in double precision."""
-    wide = torch.complex128 if model.complex_data else torch.float64
-    d = model.spectral[0].ndim
+class _Reference:
+    """neuraloperator 2.0's FNO formula on torch primitives (torch.fft, F.instance_norm, F.group_norm,
+    torch.linspace) in double precision, with a drift model's single-device parameters."""
 
-    def param(p):
-        return p.detach().to(torch.complex128 if p.is_complex() or model.complex_data else torch.float64)
+    def __init__(self, non_linearity, complex_data: bool) -> None:
+        self.non_linearity, self.complex_data = non_linearity, complex_data
 
-    def act(t):
-        f = model.non_linearity
+    def param(self, p):
+        return p.detach().to(torch.complex128 if p.is_complex() or self.complex_data else torch.float64)
+
+    def act(self, t):
+        f = self.non_linearity
         return torch.complex(f(t.real), f(t.imag)) if t.is_complex() else f(t)
 
-    def linear(layer, t):
-        y = torch.einsum("oi,bi...->bo...", param(layer.weight), t)
-        return y if layer.bias is None else y + param(layer.bias).view(-1, *[1] * d)
+    def linear(self, layer, t):
+        y = torch.einsum("oi,bi...->bo...", self.param(layer.weight), t)
+        return y if layer.bias is None else y + self.param(layer.bias).view(-1, *[1] * (t.dim() - 2))
 
-    def skip(layer, t):
+    def skip(self, layer, t):
         if isinstance(layer, SoftGating):
-            return t * param(layer.weight).view(-1, *[1] * d)
-        return linear(layer, t) if isinstance(layer, PointwiseLinear) else t
+            return t * self.param(layer.weight).view(-1, *[1] * (t.dim() - 2))
+        return self.linear(layer, t) if isinstance(layer, PointwiseLinear) else t
 
-    def norm(layer: GlobalNorm, t):
+    def norm(self, layer: GlobalNorm, t):
         if layer.kind == "instance_norm":
             return F.instance_norm(t, eps=1e-5)
-        return F.group_norm(t, 1, param(layer.weight), param(layer.bias), eps=1e-5)
+        return F.group_norm(t, 1, self.param(layer.weight), self.param(layer.bias), eps=1e-5)
 
-    x = x.to(wide)
+    def block(self, block: FNOBlock, x):
+        """One FNOBlock: ``act(norm(K x) + skip(x))``, then ``act(mlp_norm(mlp(y) + mlp_skip(x)))``."""
+        conv, shape = block.spectral, x.shape[2:]
+        modes = conv.modes_at(shape)
+        spec = truncated_spectrum(x, modes, conv.real, "backward")
+        mixed = torch.einsum("bi...,io...->bo...", spec, self.param(dense_weight(conv)))
+        y = zero_filled_inverse(mixed, modes, shape, conv.real, "backward")
+        if conv.bias is not None:
+            y = y + self.param(conv.bias).view(-1, *[1] * len(shape))
+        if block.norm is not None:
+            y = self.norm(block.norm, y)
+        y = y + self.skip(block.skip, x)
+        y = self.act(y) if block.activation else y
+        if block.channel_mlp is None and block.mlp_norm is None:
+            return y
+        if block.channel_mlp is not None:
+            fc0, fc1 = block.channel_mlp.fcs
+            h = self.linear(fc0, y)
+            h = torch.complex(F.gelu(h.real), F.gelu(h.imag)) if h.is_complex() else F.gelu(h)
+            y = self.linear(fc1, h) + self.skip(block.channel_mlp_skip, x)
+        if block.mlp_norm is not None:
+            y = self.norm(block.mlp_norm, y)
+        return self.act(y) if block.activation else y
+
+
+def reference(model: FNO, x: torch.Tensor) -> torch.Tensor:
+    """``model``'s function by neuraloperator 2.0's formula (``_Reference``)."""
+    ref = _Reference(model.non_linearity, model.complex_data)
+    x = x.to(torch.complex128 if model.complex_data else torch.float64)
     if model.positional_embedding == "grid":
         axes = [torch.linspace(0, 1, n + 1, dtype=torch.float64)[:-1] for n in x.shape[2:]]
         grid = torch.stack(torch.meshgrid(*axes, indexing="ij")).expand(x.shape[0], -1, *x.shape[2:])
-        x = torch.cat((x, grid.to(wide)), 1)
-    x = linear(model.lift, x)
+        x = torch.cat((x, grid.to(x.dtype)), 1)
+    x = ref.linear(model.lift, x)
     if model.lift_out is not None:
-        x = linear(model.lift_out, act(x))
-    for i, conv in enumerate(model.spectral):
-        shape, last = x.shape[2:], i == len(model.spectral) - 1
-        modes = conv.modes_at(shape)
-        spec = truncated_spectrum(x, modes, conv.real, "backward")
-        mixed = torch.einsum("bi...,io...->bo...", spec, param(dense_weight(conv)))
-        y = zero_filled_inverse(mixed, modes, shape, conv.real, "backward")
-        if conv.bias is not None:
-            y = y + param(conv.bias).view(-1, *[1] * d)
-        if model.norms is not None:
-            y = norm(model.norms[2 * i], y)
-        y = y + skip(model.pointwise[i], x)
-        y = y if last else act(y)
-        if model.channel_mlp is not None or model.norms is not None:
-            if model.channel_mlp is not None:
-                fc0, fc1 = model.channel_mlp[i].fcs
-                h = linear(fc0, y)
-                h = torch.complex(F.gelu(h.real), F.gelu(h.imag)) if h.is_complex() else F.gelu(h)
-                y = linear(fc1, h) + skip(model.channel_mlp_skips[i], x)
-            if model.norms is not None:
-                y = norm(model.norms[2 * i + 1], y)
-            y = y if last else act(y)
-        x = y
-    return linear(model.project_out, act(linear(model.project_hidden, x)))
+        x = ref.linear(model.lift_out, ref.act(x))
+    for block in model.blocks:
+        x = ref.block(block, x)
+    return ref.linear(model.project_out, ref.act(ref.linear(model.project_hidden, x)))
+
+
+@pytest.mark.parametrize("activation", [True, False], ids=["inner", "last"])
+@pytest.mark.parametrize("parts", ["norm-mlp", "soft-gating", "linear"])
+def test_a_block_alone_equals_the_reference(parts, activation):
+    """An FNOBlock as a module of its own, on a whole tensor, forward and x's gradient, against the
+    reference block and autograd through it."""
+    options = {
+        "norm-mlp": dict(norm="group_norm", channel_mlp_hidden=3, channel_mlp_skip="linear"),
+        "soft-gating": dict(fno_skip="soft-gating", channel_mlp_hidden=4),
+        "linear": dict(),
+    }[parts]
+    torch.manual_seed(3)
+    block = FNOBlock(5, (2, 2, 3), activation=activation, non_linearity=torch.tanh, dtype=torch.float64, **options)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.1 * torch.randn(p.shape, dtype=p.dtype))
+    assert block.fused == (parts == "linear")
+    x = random_tensor((2, 5, *SHAPE), torch.float64, 2).requires_grad_(True)
+    y = block(x)
+    want = _Reference(torch.tanh, False).block(block, x)
+    assert rel_err(y, want) <= 1e-12
+    g = random_tensor(y.shape, torch.float64, 4)
+    (grad,) = torch.autograd.grad(y, x, g)
+    (want_grad,) = torch.autograd.grad(want, x, g)
+    assert rel_err(grad, want_grad) <= 1e-12
+    with torch.no_grad():
+        assert rel_err(block(x), want) <= 1e-12
 
 
 def _input(name: str) -> torch.Tensor:

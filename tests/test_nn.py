@@ -71,11 +71,11 @@ def reference_fno(model: FNO, x: torch.Tensor) -> torch.Tensor:
         return torch.einsum("oi,bi...->bo...", layer.weight.double(), t) + bias
 
     x = pointwise(model.lift, x.double())
-    for i, (spectral, w) in enumerate(zip(model.spectral, model.pointwise, strict=True)):
-        modes = spectral.modes_at(x.shape[2:])
-        k = reference_conv(x, spectral.weight.detach().to(torch.complex128), modes, x.shape[2:], True)
-        x = k + pointwise(w, x)
-        if i < len(model.spectral) - 1:
+    for i, block in enumerate(model.blocks):
+        modes = block.spectral.modes_at(x.shape[2:])
+        k = reference_conv(x, block.spectral.weight.detach().to(torch.complex128), modes, x.shape[2:], True)
+        x = k + pointwise(block.skip, x)
+        if i < len(model.blocks) - 1:
             x = torch.nn.functional.gelu(x)
     return pointwise(model.project_out, torch.nn.functional.gelu(pointwise(model.project_hidden, x)))
 
@@ -387,10 +387,10 @@ def test_module_conversions_keep_the_forward_exact():
         model = FNO(2, 1, 6, (2, 2, 3), n_layers=2, method="drift")
         model(x.float())  # builds the float32 plans first
         convert(model)
-        assert model.spectral[0].weight.dtype == torch.complex128
+        assert model.blocks[0].spectral.weight.dtype == torch.complex128
         assert rel_err(model(x), reference_fno(model, x)) <= 1e-12
     model.float()
-    assert model.spectral[0].weight.dtype == torch.complex64 and model(x.float()).dtype == torch.float32
+    assert model.blocks[0].spectral.weight.dtype == torch.complex64 and model(x.float()).dtype == torch.float32
     assert rel_err(model(x.float()), reference_fno(model, x)) <= 2e-6
     device = device_for(0)
     model.to(device)
@@ -428,7 +428,7 @@ def test_meta_init_and_shared_memory_keep_complex_weights():
     x = random_tensor((1, 2, 9, 8, 6), torch.float32, 15)
     assert rel_err(deferred(x), built(x)) == 0
     plain = FNO(2, 1, 6, (2, 2, 3), n_layers=1).share_memory()
-    assert plain.spectral[0].weight.is_complex()
+    assert plain.blocks[0].spectral.weight.is_complex()
     assert all(p.is_shared() for p in [*built.share_memory().parameters(), *plain.parameters()])
 
 
@@ -439,7 +439,7 @@ def test_autocast_runs_the_transform_in_float32(dtype):
     x = random_tensor((2, 2, 12, 10, 8), torch.float32, 10)
     with torch.autocast("cpu", dtype=dtype):
         y = model(x)
-        spectral = model.spectral[0](model.lift(x))
+        spectral = model.blocks[0].spectral(model.lift(x))
     assert y.dtype == dtype and spectral.dtype == torch.float32
     # Half-precision pointwise layers: the difference to float32 is at the half precision's scale.
     bound = {torch.bfloat16: 4e-2, torch.float16: 4e-3}[dtype]
@@ -680,13 +680,13 @@ def test_fno_without_autograd_matches(monkeypatch, non_linearity):
     recorded = model(x)
     with torch.no_grad():
         unrecorded = model(x)
-        buffers = [b.data_ptr() for b in model._activations._buffers.values()]
+        buffers = [b.data_ptr() for b in model.executor.resident()]
         again = model(2 * x)
-        assert [b.data_ptr() for b in model._activations._buffers.values()] == buffers and len(buffers) == 5
+        assert [b.data_ptr() for b in model.executor.resident()] == buffers and len(buffers) == 5
     with torch.inference_mode():
         inference = model(x)
     model(x)  # a recorded forward releases the resident buffers
-    assert not model._activations._buffers
+    assert not model.executor.resident()
     assert recorded.requires_grad and not unrecorded.requires_grad
     assert rel_err(unrecorded, recorded) <= 1e-12 and rel_err(inference, recorded) <= 1e-12
     assert rel_err(again, model(2 * x)) <= 1e-12 and not torch.equal(again, unrecorded)
@@ -728,8 +728,8 @@ def test_projection_in_chunks_matches_forward_and_backward(monkeypatch, non_line
 
     def reference(model, x):  # the same model, the projection written out on whole tensors
         z = model.lift(x)
-        for i in range(len(model.spectral)):
-            z = model._block(i, z, drift.Layout(x.shape[2:]))
+        for block in model.blocks:
+            z = block.forward_local(z, drift.Layout(x.shape[2:]))
         hidden = torch.einsum("oi,bi...->bo...", model.project_hidden.weight, z)
         hidden = hidden + model.project_hidden.bias.view(-1, 1, 1, 1)
         out = torch.einsum("oi,bi...->bo...", model.project_out.weight, non_linearity(hidden))
@@ -760,7 +760,8 @@ def _convert_parallelized(state):
         model(_distribute(x.float(), mesh, placements, device)[0])
         model.double()
         y = model(_distribute(x, mesh, placements, device)[0])
-    assert isinstance(model.spectral[0].weight, DTensor) and model.spectral[0].weight.dtype == torch.complex128
+    weight = model.blocks[0].spectral.weight
+    assert isinstance(weight, DTensor) and weight.dtype == torch.complex128
     return _whole(y)
 
 
@@ -792,7 +793,7 @@ def test_layers_follow_the_default_dtype():
         model = FNO(2, 1, 6, (2, 2, 3), n_layers=1)
     finally:
         torch.set_default_dtype(before)
-    assert model.lift.weight.dtype == torch.float64 and model.spectral[0].weight.dtype == torch.complex128
+    assert model.lift.weight.dtype == torch.float64 and model.blocks[0].spectral.weight.dtype == torch.complex128
 
 
 def test_half_precision_inputs_outside_autocast_say_so():
@@ -900,7 +901,7 @@ def test_auto_on_one_device_computes_the_chosen_method():
     # Resolved at the first input when nothing chose before.
     lazy = FNO(2, 1, 4, (2, 2, 2), n_layers=1, method="auto", dtype=torch.float64)
     lazy(random_tensor((1, 2, 16, 16, 16), torch.float64, 5))
-    assert lazy.spectral[0].method == "drift" and lazy.spectral[0].choice.method == "drift"
+    assert lazy.blocks[0].spectral.method == "drift" and lazy.blocks[0].spectral.choice.method == "drift"
 
 
 def _auto_parallel(shape, modes):
@@ -922,7 +923,7 @@ def _auto_parallel(shape, modes):
     parallelize(model, mesh, placements, global_shape=shape)
     x = random_tensor((2, 2, *shape), torch.float64, 8)
     xd, _ = _distribute(x, mesh, placements, device)
-    return [m.method for m in model.spectral], model(xd).full_tensor().detach().cpu(), errors
+    return [b.spectral.method for b in model.blocks], model(xd).full_tensor().detach().cpu(), errors
 
 
 @pytest.mark.parametrize(
@@ -958,7 +959,7 @@ def _every_dim_split():
     with pytest.raises(ValueError, match="split every dim: at least one dim must be whole"):
         parallelize(pruned, mesh, placements)
     untouched = all(getattr(m, "mesh", None) is None for m in pruned.modules())
-    return auto.spectral[0].method, y, untouched
+    return auto.blocks[0].spectral.method, y, untouched
 
 
 def test_auto_leaves_out_what_cannot_run_on_the_mesh(ranks):

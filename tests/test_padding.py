@@ -318,10 +318,10 @@ def reference_padded_fno(model: FNO, x: torch.Tensor, fractions, mode) -> torch.
         return torch.einsum("oi,bi...->bo...", layer.weight.double(), t) + bias
 
     x = pointwise(model.lift, x.double())
-    for i, (spectral, w) in enumerate(zip(model.spectral, model.pointwise, strict=True)):
-        weight = spectral.weight.detach().to(torch.complex128)
-        x = reference_padded_conv(x, weight, spectral.mode_spec, fractions, mode, True) + pointwise(w, x)
-        if i < len(model.spectral) - 1:
+    for i, block in enumerate(model.blocks):
+        weight = block.spectral.weight.detach().to(torch.complex128)
+        x = reference_padded_conv(x, weight, block.spectral.mode_spec, fractions, mode, True) + pointwise(block.skip, x)
+        if i < len(model.blocks) - 1:
             x = F.gelu(x)
     return pointwise(model.project_out, F.gelu(pointwise(model.project_hidden, x)))
 
@@ -399,7 +399,7 @@ def _dfno_split_padding():
         model = FNO(1, 1, 4, (2, 2, 2), n_layers=1, method=method, domain_padding=(0.25, 0.0, 0.5))
         with drift.comm_log() as log, pytest.raises(drift.PlanError) as info:
             parallelize(model, mesh, placements)
-        assert log.calls == [] and model.spectral[0].mesh is None
+        assert log.calls == [] and model.blocks[0].spectral.mesh is None
         errors.append(str(info.value))
     parallelize(FNO(1, 1, 4, (2, 2, 2), n_layers=1, method="dfno", domain_padding=(0.0, 0.25, 0.5)), mesh, placements)
     return errors

@@ -242,7 +242,7 @@ def _output(model, sharding: Sharding) -> torch.Tensor:
 
 def _global_moments(model, optimizer, sharding: Sharding) -> dict:
     out = {k: _full(v) for k, v in model.state_dict().items()}
-    for i, layer in enumerate(model.spectral):
+    for i, layer in enumerate(block.spectral for block in model.blocks):
         for slot in ("exp_avg", "exp_avg_sq"):
             out[f"{i}.{slot}"] = _full(optimizer.state[layer.weight][slot])
     with torch.no_grad():
@@ -381,8 +381,8 @@ def test_method_auto_chooses_by_the_data_grid(ranks, data, tmp_path):
     config = train_config(data, tmp_path / "run", method="auto", epochs=1)
     check_config(config, 1)
     model = build_model(config, DEVICE, None, (8, 8, 8, config.t_out))
-    assert [layer.method for layer in model.spectral] == ["drift", "drift"]
-    assert str(model.spectral[0].choice).startswith("auto chose drift at 8x8x8x4 on 1x1x1x1 ranks: drift ")
+    assert [block.spectral.method for block in model.blocks] == ["drift", "drift"]
+    assert str(model.blocks[0].spectral.choice).startswith("auto chose drift at 8x8x8x4 on 1x1x1x1 ranks: drift ")
     # On 2 ranks the same losses as drift's: it chose drift there too.
     auto = ranks.run(2, run_training, config)[0]
     explicit = ranks.run(2, run_training, dataclasses.replace(config, method="drift", out=str(tmp_path / "drift")))[0]

@@ -129,3 +129,7 @@ class Workspace:
 
     def clear(self) -> None:
         self._buffers.clear()
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The buffers held now."""
+        return list(self._buffers.values())

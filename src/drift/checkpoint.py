@@ -32,6 +32,10 @@ naming no complete checkpoint falls back the same way. A fresh run (``mark_fresh
 at ``none`` until its first checkpoint: the older run's checkpoints it will replace are then no longer
 loaded, not even by a restart of the fresh run before that checkpoint.
 
+A model whose state-dict entries were renamed since a checkpoint was written offers
+``former_name(name)`` (``drift.nn.FNO``: its blocks became modules): an entry the checkpoint lacks is
+read under its former name, in the optimizer's state too.
+
 Checkpoints live on the default process group (every rank of the job).
 
 One run folder, one writer: ``folder_lock`` holds ``<run folder>/train.lock`` (an advisory ``flock``,
@@ -365,14 +369,40 @@ def _none_loads(root: Path, problems: list[str]) -> str:
     return f"{root}: no complete checkpoint loads ({'; '.join(problems) or 'none here'})"
 
 
-def _dcp_load(state: dict, path: Path) -> None:
-    with _single_process_quiet():
-        dcp.load(
-            state,
-            storage_reader=CheckpointReader(path),
-            planner=WeightsOnlyLoadPlanner(),
-            no_dist=comm.world_size() == 1,
-        )
+def _former_names(state: dict, path: Path, former_name: Callable[[str], str] | None) -> dict[str, str]:
+    """The former name of each model entry of ``state`` that the checkpoint at ``path`` stores only under
+    it (see the module's notes)."""
+    if former_name is None:
+        return {}
+    stored = CheckpointReader(path).read_metadata().state_dict_metadata
+    names = {name: former_name(name) for name in state["model"] if f"model.{name}" not in stored}
+    return {name: former for name, former in names.items() if f"model.{former}" in stored}
+
+
+def _renamed(state: dict, names: dict[str, str]) -> None:
+    """``state``'s entries renamed by ``names``, in place: the model's, the optimizer's state and the
+    parameter lists of its groups."""
+    optim = state.get("optim", {})
+    for entries in (state["model"], optim.get("state", {})):
+        for name in [name for name in entries if name in names]:
+            entries[names[name]] = entries.pop(name)
+    for group in optim.get("param_groups", []):
+        group["params"] = [names.get(name, name) for name in group["params"]]
+
+
+def _dcp_load(state: dict, path: Path, former_name: Callable[[str], str] | None = None) -> None:
+    names = _former_names(state, path, former_name)
+    _renamed(state, names)
+    try:
+        with _single_process_quiet():
+            dcp.load(
+                state,
+                storage_reader=CheckpointReader(path),
+                planner=WeightsOnlyLoadPlanner(),
+                no_dist=comm.world_size() == 1,
+            )
+    finally:
+        _renamed(state, {former: name for name, former in names.items()})
 
 
 def _apply(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -387,7 +417,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     every rank, in one line, when it fails on any rank."""
     path = Path(path)
     state = _state(model, optimizer)
-    failure = _agreed(_attempt(_dcp_load, state, path))
+    failure = _agreed(_attempt(_dcp_load, state, path, getattr(model, "former_name", None)))
     if failure is not None:
         raise CheckpointError(f"{path}: cannot load into this model ({failure})")
     _apply(state, model, optimizer)
@@ -426,7 +456,7 @@ def load_newest(
             if check is not None:
                 check(path, meta)
             state = _state(model, optimizer)
-            problem = _agreed(_attempt(_dcp_load, state, path))
+            problem = _agreed(_attempt(_dcp_load, state, path, getattr(model, "former_name", None)))
             if problem is not None:
                 problem = f"{path}: cannot load ({problem})"
         if problem is None:

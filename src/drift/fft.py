@@ -23,6 +23,7 @@ from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, re
 from drift.errors import PlanError
 from drift.layout import Layout, chunk_sizes, chunk_slice, dtensor_layout, shift_placements, to_dtensor
 from drift.modes import ModeSpec, mode_lists
+from drift.recording import recorded
 
 KINDS = ("c2c", "r2c", "dct2")
 STAGING_BYTES = 64 * 2**20  # the in-place mode's bound on any temporary buffer
@@ -422,7 +423,7 @@ class DistributedFFT(ComplexModule):
     def _run(self, t: torch.Tensor, inverse: bool) -> torch.Tensor:
         """The steps in order (backwards for the inverse). Unless autograd records the pass, the
         transposes stage through the plan's resident workspace; the last step returns a fresh tensor."""
-        work = None if torch.is_grad_enabled() and t.requires_grad else self._workspace
+        work = None if recorded(t) else self._workspace
         first_local = next(i for i, step in enumerate(self._steps) if isinstance(step, _Local))
         order = range(len(self._steps) - 1, -1, -1) if inverse else range(len(self._steps))
         last = order[-1]
@@ -440,7 +441,7 @@ class DistributedFFT(ComplexModule):
         """The steps in the storage of ``t``; returns a view of that storage in the output shape."""
         if not t.is_contiguous():
             raise PlanError(f"{what} on rank {comm.rank()}: inplace=True needs a contiguous tensor")
-        if torch.is_grad_enabled() and t.requires_grad:
+        if recorded(t):
             raise PlanError(f"{what} on rank {comm.rank()}: inplace=True does not record autograd")
         staging = max(1, self.staging_bytes // t.element_size())
         t = t.view(math.prod(t.shape[: t.dim() - len(shape)]), *shape)

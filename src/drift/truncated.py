@@ -47,6 +47,7 @@ from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
 from drift.modes import ModeSpec, PaddingSpec, mode_lists, padding_pairs
 from drift.overlap import compute_then_send, receive_then_compute
+from drift.recording import recorded
 from drift.stages import Fold, Stage, apply_stage, conjugate_fold
 
 _NORMS = ("backward", "ortho", "forward")
@@ -397,7 +398,7 @@ class TruncatedFFT(ComplexModule):
         Autograd records the map as one linear node (``_LinearMap``) that saves nothing: its backward
         applies the adjoint stages the same way.
         """
-        if torch.is_grad_enabled() and t.requires_grad:
+        if recorded(t):
             return _LinearMap.apply(self, stages, adjoint, name, t)
         return self._run_chunks(stages, t, name)
 
@@ -440,7 +441,7 @@ class TruncatedFFT(ComplexModule):
     def _scatter(self, stages: tuple[Stage, ...], adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
         """``stages`` on ``t`` ``(rows, ...)`` into ``(rows, *mode_shape)``, then this rank's shares of the
         sum over ranks ``(rows, *share_shape)`` (``Layout.reduce_scatter_shares``), in ``overlap`` pieces."""
-        if torch.is_grad_enabled() and t.requires_grad:
+        if recorded(t):
             return _ScatterMap.apply(self, stages, adjoint, name, t)
         return self._scatter_pieces(stages, t, name)
 
@@ -455,7 +456,7 @@ class TruncatedFFT(ComplexModule):
     ) -> torch.Tensor:
         """Every rank's shares ``t`` ``(rows, *share_shape)`` joined into ``(rows, *mode_shape)``
         (``Layout.all_gather_shares``), then ``stages`` on them (into ``out``), in ``overlap`` pieces."""
-        if torch.is_grad_enabled() and t.requires_grad:
+        if recorded(t):
             return _GatherMap.apply(self, stages, adjoint, name, t)
         return self._gather_pieces(stages, t, name, out)
 
@@ -572,7 +573,7 @@ class TruncatedFFT(ComplexModule):
         shared = not torch.compiler.is_compiling() and out.numel() and xhat.numel()
         if shared and out.untyped_storage().data_ptr() == xhat.untyped_storage().data_ptr():
             raise PlanError("inverse: out= shares memory with the input; give a separate tensor")
-        if torch.is_grad_enabled() and (xhat.requires_grad or out.requires_grad):
+        if recorded(xhat, out):
             raise PlanError("inverse: out= does not support automatic differentiation (an input requires grad)")
 
     def _dtensor_lead(self, x: DTensor, what: str) -> int:

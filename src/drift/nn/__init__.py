@@ -1,8 +1,10 @@
 """Neural-operator layers and models: single-device modules that ``parallelize`` makes distributed."""
 
 from drift.nn.auto import Machine
+from drift.nn.block import FNOBlock
+from drift.nn.executor import fno_block
 from drift.nn.factorized import FACTORIZATIONS, FactorizedWeight, cp_rank, tucker_rank
-from drift.nn.fno import FNO, NEURALOP_DEFAULTS, fno_block
+from drift.nn.fno import FNO, NEURALOP_DEFAULTS
 from drift.nn.interop import (
     from_neuralop_factors,
     from_neuralop_weight,
@@ -22,6 +24,7 @@ __all__ = [
     "AUTO",
     "FACTORIZATIONS",
     "FNO",
+    "FNOBlock",
     "FactorizedWeight",
     "METHODS",
     "NEURALOP_DEFAULTS",

@@ -3,6 +3,7 @@ spatially sharded fields."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import torch
@@ -10,24 +11,16 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
-from drift._plan import Workspace
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
 from drift.modes import ModeSpec
-from drift.nn.chunked import (
-    accumulate_in_place,
-    activate,
-    branch,
-    chunked_mlp,
-    chunked_pointwise,
-    mlp_unrecorded,
-    pointwise_activation,
-)
+from drift.nn.block import FNOBlock
+from drift.nn.chunked import activate
 from drift.nn.embedding import EMBEDDINGS, grid_embedding
-from drift.nn.norm import NORMS, GlobalNorm
-from drift.nn.pointwise import SKIPS, ChannelMLP, PointwiseLinear, skip_connection
-from drift.nn.spectral import SpectralConv, layout_of
-from drift.profiling import phase
+from drift.nn.executor import Executor
+from drift.nn.norm import NORMS
+from drift.nn.pointwise import SKIPS, PointwiseLinear
+from drift.nn.spectral import layout_of
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
 
@@ -41,43 +34,6 @@ NEURALOP_DEFAULTS = dict(
     lifting_channel_ratio=2,
     projection_channel_ratio=2,
 )
-
-
-def fno_block(
-    spectral: SpectralConv,
-    pointwise: PointwiseLinear,
-    x: torch.Tensor,
-    layout: Layout,
-    activation: bool = True,
-    non_linearity: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One FNO block on this rank's block ``x``, ``non_linearity(K x + W x)`` (none when ``activation``
-    is False). The spectral output is a fresh tensor (or ``out``: a preallocated contiguous tensor of the
-    output's shape, outside autograd), so the pointwise gemm accumulates into it a chunk of points at a
-    time, with the activation: in place without autograd (``accumulate_in_place``), as one autograd node
-    for real data (``pointwise_activation``); complex data and autocast take ``pointwise``'s whole-tensor
-    path."""
-    # Outside autograd, drift adds W's bias to K's constant mode, sparing a pass over the block.
-    fold = out is not None and pointwise.bias is not None and spectral.folds_constants(layout)
-    autocast = torch.is_autocast_enabled(x.device.type)
-    # K's and W's gradients of x are summed into a pooled tensor (drift.nn.chunked.branch).
-    split = torch.is_grad_enabled() and x.requires_grad and not x.is_complex() and not autocast
-    x_spectral, x_skip = branch(x) if split else (x, x)
-    y = spectral.forward_local(x_spectral, layout, out=out, constant=pointwise.bias if fold else None)
-    act = non_linearity if activation else None
-    with phase("pointwise+gelu"):
-        trained = any(p.requires_grad for p in pointwise.parameters())
-        recorded = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or trained)
-        if autocast or (recorded and y.is_complex()):
-            y = pointwise(x, add=y)
-            return activate(non_linearity, y) if activation else y
-        if recorded:
-            bias = None if pointwise.bias is None else pointwise.replicated(pointwise.bias)
-            return pointwise_activation(pointwise.replicated(pointwise.weight), bias, x_skip, y, act)
-        # The dfno methods may return a strided block (their transposes' order), which this writes in place.
-        return accumulate_in_place(pointwise.weight, None if fold else pointwise.bias, x, y.contiguous(), act)
 
 
 def _channels(option: str, ratio: float, width: int, allow_zero: bool) -> int:
@@ -96,8 +52,13 @@ class FNO(nn.Module):
     By default Li et al.'s model: a pointwise lift to ``width`` channels, ``n_layers`` blocks ``x =
     gelu(W x + K x)`` (W pointwise, K a ``SpectralConv`` keeping ``modes`` per spatial dim; no activation
     after the last block), and a pointwise projection ``width -> projection_width -> out_channels`` with
-    a GeLU between. Parameters are drawn from torch's default generator as the layers are built, so the
-    same seed gives the same function for every method.
+    a GeLU between. Its parts: ``lift`` (and ``lift_out``), ``blocks`` (``FNOBlock`` s, each with named
+    parts ``spectral``, ``skip``, ``norm``, ``channel_mlp``, ``channel_mlp_skip``, ``mlp_norm``),
+    ``project_hidden`` and ``project_out``; the fast paths of its forward are ``executor``'s
+    (``drift.nn.executor``). State dicts and checkpoints saved before the blocks were modules (keys such
+    as ``spectral.0.weight``) load: their keys are renamed (``former_name``). Parameters are drawn from
+    torch's default generator as the layers are built, so the same seed gives the same function for
+    every method.
 
     neuraloperator 2.0's ``FNO`` options, with its names and meanings (``FNO.neuralop_defaults`` builds
     with its defaults; ``modes`` stay drift's):
@@ -203,41 +164,30 @@ class FNO(nn.Module):
         lift_in = in_channels + (len(modes) if positional_embedding == "grid" else 0)
         self.lift = PointwiseLinear(lift_in, lifting or width, **pointwise)
         self.lift_out = PointwiseLinear(lifting, width, **pointwise) if lifting else None
-        self.spectral = nn.ModuleList()
-        self.pointwise = nn.ModuleList()
-        self.channel_mlp = nn.ModuleList() if use_channel_mlp else None
-        self.channel_mlp_skips = nn.ModuleList() if use_channel_mlp else None
-        self.norms = nn.ModuleList() if norm else None
-        # The block's bias: K's (neuraloperator's place), unless a linear skip without a norm between can
-        # carry it, which lets the skip's gemm accumulate into K's output (fno_block).
-        conv_bias = fno_skip != "linear" or norm is not None
-        for _ in range(n_layers):
-            conv = SpectralConv(
-                width,
+        self.blocks = nn.ModuleList(
+            FNOBlock(
                 width,
                 modes,
+                activation=i < n_layers - 1,
+                non_linearity=non_linearity,
                 method=method,
-                real=not complex_data,
-                bias=conv_bias,
                 factorization=factorization,
                 rank=rank,
+                fno_skip=fno_skip,
+                channel_mlp_hidden=mlp_hidden,
+                channel_mlp_dropout=channel_mlp_dropout,
+                channel_mlp_skip=channel_mlp_skip,
+                norm=norm,
+                complex_data=complex_data,
                 **padding,
                 **factory,
             )
-            self.spectral.append(conv)
-            if fno_skip == "linear":
-                self.pointwise.append(PointwiseLinear(width, width, bias=not conv_bias, **pointwise))
-            else:
-                self.pointwise.append(skip_connection(fno_skip, width, **pointwise))
-            if use_channel_mlp:
-                mlp = ChannelMLP(width, width, mlp_hidden, dropout=channel_mlp_dropout, **pointwise)
-                self.channel_mlp.append(mlp)
-                self.channel_mlp_skips.append(skip_connection(channel_mlp_skip, width, **pointwise))
-            if norm:
-                self.norms.extend(GlobalNorm(norm, width, **factory) for _ in range(2))
+            for i in range(n_layers)
+        )
         self.project_hidden = PointwiseLinear(width, projection_width, **pointwise)
         self.project_out = PointwiseLinear(projection_width, out_channels, **pointwise)
-        self._activations = Workspace()
+        self.executor = Executor()
+        self.register_load_state_dict_pre_hook(_former_keys_renamed)
 
     @classmethod
     def neuralop_defaults(
@@ -248,10 +198,16 @@ class FNO(nn.Module):
         ``options`` override them or set any other argument. ``modes`` are drift's (``k`` keeps ``2k``)."""
         return cls(in_channels, out_channels, width, modes, n_layers, **{**NEURALOP_DEFAULTS, **options})
 
+    @staticmethod
+    def former_name(name: str) -> str:
+        """The name of the state-dict entry ``name`` before the blocks were ``FNOBlock`` s: how
+        ``drift.checkpoint`` reads a checkpoint written then."""
+        return former_name(name)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(batch, in_channels, *spatial)``, a plain tensor, or a DTensor once parallelized;
         returns ``(batch, out_channels, *spatial)`` alike."""
-        first = self.spectral[0]
+        first = self.blocks[0].spectral
         if x.dim() != 2 + first.ndim:
             raise ValueError(f"FNO expects (batch, channels, {first.ndim} spatial dims), got shape {tuple(x.shape)}")
         channels = self.lift.weight.shape[1] - (first.ndim if self.positional_embedding == "grid" else 0)
@@ -270,82 +226,67 @@ class FNO(nn.Module):
         return y
 
     def forward_local(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
-        """The model on this rank's block ``x`` ``(b, in, *layout.local_shape)``.
-
-        Outside autograd the activations between Li et al.'s blocks (linear skip, no channel MLP, no norm)
-        live in two resident buffers used in turn, so a forward allocates no block-sized tensor but its
-        output: on the CPU a fresh one costs its page faults on every call (glibc maps it afresh). A
-        recorded forward (training) releases them, so they never add to a training step's memory."""
+        """The model on this rank's block ``x`` ``(b, in, *layout.local_shape)``: the lift, the blocks, the
+        projection; each writes where ``self.executor`` says (resident buffers outside autograd)."""
         if self.positional_embedding == "grid":
             x = grid_embedding(x, layout)
-        buffers = self._activation_buffers(x)
+        width, plain = self.project_hidden.weight.shape[1], all(block.plain for block in self.blocks)
+        outputs = self.executor.outputs(x, width, self.lift.weight.dtype, plain, self.parameters())
         if self.lift_out is not None:
-            x = self.lift_out(activate(self.non_linearity, self.lift(x)), out=buffers[0] if buffers else None)
+            x = self.lift_out(activate(self.non_linearity, self.lift(x)), out=next(outputs))
         else:
-            x = self.lift(x, out=buffers[0] if buffers else None)
-        for i in range(len(self.spectral)):
-            x = self._block(i, x, layout, out=buffers[(i + 1) % 2] if buffers else None)
-        return self._project(x)
-
-    def _activation_buffers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Two resident ``(b, width, *spatial)`` buffers for an unrecorded forward of plain blocks on ``x``
-        (None under autograd or autocast, or with a channel MLP, a norm or a skip other than linear)."""
-        plain = self.channel_mlp is None and self.norms is None
-        plain = plain and all(isinstance(skip, PointwiseLinear) for skip in self.pointwise)
-        recorded = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-        if not plain or recorded or torch.is_autocast_enabled(x.device.type):
-            if recorded:
-                self._activations.clear()
-            return None
-        width, dtype = self.pointwise[0].weight.shape[0], self.lift.weight.dtype
-        shape = (x.shape[0], width, *x.shape[2:])
-        return tuple(self._activations.get(("activation", i), shape, dtype, x.device) for i in range(2))
+            x = self.lift(x, out=next(outputs))
+        for block in self.blocks:
+            x = block.forward_local(x, layout, out=next(outputs))
+        return self.executor.project(self.project_hidden, self.project_out, self.non_linearity, x)
 
     def _apply(self, fn, recurse=True):
-        self._activations.clear()
+        self.executor.clear()
         return super()._apply(fn, recurse)
 
-    def _block(self, i: int, x: torch.Tensor, layout: Layout, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Block ``i`` as neuraloperator's FNOBlocks (post-activation): ``y = act(norm(K x) + skip(x))``,
-        then ``act(norm(mlp(y) + mlp_skip(x)))``; no activation after the last block. ``out``: where a
-        plain block (``_activation_buffers``) writes its output."""
-        activation = i < len(self.spectral) - 1
-        spectral, skip = self.spectral[i], self.pointwise[i]
-        if isinstance(skip, PointwiseLinear) and self.norms is None:
-            y = fno_block(spectral, skip, x, layout, activation, self.non_linearity, out=out)
-        else:
-            y = spectral.forward_local(x, layout)
-            if self.norms is not None:
-                y = self.norms[2 * i].forward_local(y, layout)
-            y = y + skip(x)
-            if activation:
-                y = activate(self.non_linearity, y)
-        if self.channel_mlp is None and self.norms is None:
-            return y
-        if self.channel_mlp is not None:
-            y = self.channel_mlp[i](y) + self.channel_mlp_skips[i](x)
-        if self.norms is not None:
-            y = self.norms[2 * i + 1].forward_local(y, layout)
-        return activate(self.non_linearity, y) if activation else y
 
-    def _project(self, x: torch.Tensor) -> torch.Tensor:
-        """The projection ``out(act(hidden(x)))`` a chunk of points at a time: its hidden layer, the largest
-        tensor of an FNO, never exists for the whole block, in the forward pass or for the backward one,
-        which recomputes it per chunk (``chunked_mlp``; complex data ``chunked_pointwise``); outside
-        autograd through resident chunk-sized buffers (``mlp_unrecorded``). Under autocast, in one
-        piece."""
-        hidden, out, act = self.project_hidden, self.project_out, self.non_linearity
-        if torch.is_autocast_enabled(x.device.type):
-            return out(activate(act, hidden(x)))
-        params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]
-        if not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params))):
-            return mlp_unrecorded(x, *params, act, self._activations)
-        if not x.is_complex():
-            return chunked_mlp(x, *params, act)
+# Where block i's parts were before the FNO was a stack of FNOBlocks (commit 9ebfdf8): (part, the former
+# list of that part, entries of the list per block, which of them).
+_FORMER = (
+    ("spectral", "spectral", 1, 0),
+    ("skip", "pointwise", 1, 0),
+    ("channel_mlp", "channel_mlp", 1, 0),
+    ("channel_mlp_skip", "channel_mlp_skips", 1, 0),
+    ("norm", "norms", 2, 0),
+    ("mlp_norm", "norms", 2, 1),
+)
+_CURRENT = re.compile(r"blocks\.(\d+)\.(\w+)\.(.+)")
+_FORMER_NAME = re.compile(r"(spectral|pointwise|channel_mlp|channel_mlp_skips|norms)\.(\d+)\.(.+)")
 
-        def mlp(part, w1, b1, w2, b2):
-            h = torch.baddbmm(b1[None, :, None], w1.expand(part.shape[0], -1, -1), part)
-            return torch.baddbmm(b2[None, :, None], w2.expand(part.shape[0], -1, -1), activate(act, h))
 
-        per_point = 2 * x.shape[0] * hidden.weight.shape[0] * hidden.weight.element_size()  # h and act(h)
-        return chunked_pointwise(mlp, x, params, out.weight.shape[0], per_point)
+def former_name(name: str) -> str:
+    """The name an FNO's state-dict entry ``name`` had before its blocks were ``FNOBlock`` s
+    (``blocks.1.norm.weight`` was ``norms.2.weight``); other names are unchanged."""
+    found = _CURRENT.fullmatch(name)
+    if found is None:
+        return name
+    i, part, rest = int(found[1]), found[2], found[3]
+    for current, former, per_block, which in _FORMER:
+        if part == current:
+            return f"{former}.{per_block * i + which}.{rest}"
+    return name
+
+
+def current_name(name: str) -> str:
+    """``former_name``'s inverse: the name today of an FNO state-dict entry named ``name`` before."""
+    found = _FORMER_NAME.fullmatch(name)
+    if found is None:
+        return name
+    former, k, rest = found[1], int(found[2]), found[3]
+    for current, listed, per_block, which in _FORMER:
+        if listed == former and k % per_block == which:
+            return f"blocks.{k // per_block}.{current}.{rest}"
+    return name
+
+
+def _former_keys_renamed(module, state_dict, prefix, *args) -> None:
+    """A state dict saved before the FNO was a stack of FNOBlocks loads: its keys are renamed in place."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        name = current_name(key[len(prefix) :])
+        if prefix + name != key:
+            state_dict[prefix + name] = state_dict.pop(key)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from drift import memory
+from drift.recording import recorded
 
 
 def _mix(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -60,6 +61,6 @@ class _MixChannels(torch.autograd.Function):
 def mix_channels(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``einsum("bi...,io...->bo...", x, w)`` over per-mode channel matrices, ``x`` ``(b, in, *modes)``,
     ``w`` ``(in, out, *modes)``: one multiply-add per input channel, vectorised over the modes."""
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+    if recorded(x, w):
         return _MixChannels.apply(x, w)
     return _mix(x, w)

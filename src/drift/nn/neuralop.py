@@ -83,12 +83,12 @@ def drift_modes(n_modes) -> tuple:
 
 def _nominal_shape(model: FNO) -> tuple[int, ...]:
     """A resolution holding every kept mode: the permutations depend on the kept frequencies only."""
-    return tuple(2 * k + 2 for k in model.spectral[0].mode_shape)
+    return tuple(2 * k + 2 for k in model.blocks[0].spectral.mode_shape)
 
 
 def _pairs(ours: FNO) -> list[tuple[str, str, Callable, Callable]]:
     """``(drift name, neuraloperator name, to drift, to neuraloperator)`` for every parameter."""
-    d = ours.spectral[0].ndim
+    d = ours.blocks[0].spectral.ndim
     pairs = []
 
     def conv1d(mine: str, theirs: str, bias: bool = True) -> None:
@@ -105,29 +105,33 @@ def _pairs(ours: FNO) -> list[tuple[str, str, Callable, Callable]]:
     conv1d("lift", "lifting.fcs.0")
     if ours.lift_out is not None:
         conv1d("lift_out", "lifting.fcs.1")
-    shape, spec = _nominal_shape(ours), ours.spectral[0].mode_spec
-    for i, conv in enumerate(ours.spectral):
+    shape, spec = _nominal_shape(ours), ours.blocks[0].spectral.mode_spec
+    for i, block in enumerate(ours.blocks):
+        conv, mine = block.spectral, f"blocks.{i}"
         if conv.factorization is None:  # factors move as one state dict per layer (from_neuralop, to_neuralop)
             pairs.append(
                 (
-                    f"spectral.{i}.weight",
+                    f"{mine}.spectral.weight",
                     f"fno_blocks.convs.{i}.weight.tensor",
                     lambda t: from_neuralop_weight(t, shape, spec),
                     lambda t: to_neuralop_weight(t, shape, spec),
                 )
             )
         # neuraloperator's convolution carries the block's bias; drift's linear skip does when there is one.
-        holder = f"spectral.{i}.bias" if conv.bias is not None else f"pointwise.{i}.bias"
+        holder = f"{mine}.spectral.bias" if conv.bias is not None else f"{mine}.skip.bias"
         pairs.append((holder, f"fno_blocks.convs.{i}.bias", torch.flatten, lambda t: t.view(-1, *[1] * d)))
-        skip(ours.pointwise[i], f"pointwise.{i}", f"fno_blocks.fno_skips.{i}")
-        if ours.channel_mlp is not None:
-            for j in range(len(ours.channel_mlp[i].fcs)):
-                conv1d(f"channel_mlp.{i}.fcs.{j}", f"fno_blocks.channel_mlp.{i}.fcs.{j}")
-            skip(ours.channel_mlp_skips[i], f"channel_mlp_skips.{i}", f"fno_blocks.channel_mlp_skips.{i}")
-    for j, norm in enumerate(ours.norms or ()):
-        if norm.kind == "group_norm":
-            for name in ("weight", "bias"):
-                pairs.append((f"norms.{j}.{name}", f"fno_blocks.norm.{j}.{name}", lambda t: t, lambda t: t))
+        skip(block.skip, f"{mine}.skip", f"fno_blocks.fno_skips.{i}")
+        if block.channel_mlp is not None:
+            for j in range(len(block.channel_mlp.fcs)):
+                conv1d(f"{mine}.channel_mlp.fcs.{j}", f"fno_blocks.channel_mlp.{i}.fcs.{j}")
+            skip(block.channel_mlp_skip, f"{mine}.channel_mlp_skip", f"fno_blocks.channel_mlp_skips.{i}")
+        # neuraloperator's norms are one list, two per block.
+        for j, part in enumerate(("norm", "mlp_norm")):
+            norm = getattr(block, part)
+            if norm is not None and norm.kind == "group_norm":
+                for name in ("weight", "bias"):
+                    theirs = f"fno_blocks.norm.{2 * i + j}.{name}"
+                    pairs.append((f"{mine}.{part}.{name}", theirs, lambda t: t, lambda t: t))
     conv1d("project_hidden", "projection.fcs.0")
     conv1d("project_out", "projection.fcs.1")
     return pairs
@@ -217,10 +221,10 @@ def from_neuralop(model: nn.Module, *, method: str = "drift", dtype=None, device
     for name, their_name, to_drift, _ in _pairs(ours):
         state[name] = to_drift(theirs[their_name].detach())
     if factorization is not None:
-        shape, spec = _nominal_shape(ours), ours.spectral[0].mode_spec
+        shape, spec = _nominal_shape(ours), ours.blocks[0].spectral.mode_spec
         for i, conv in enumerate(model.fno_blocks.convs):
             factors = from_neuralop_factors(conv.weight, shape, spec)
-            state.update({f"spectral.{i}.weight.{k}": v for k, v in factors.items()})
+            state.update({f"blocks.{i}.spectral.weight.{k}": v for k, v in factors.items()})
     ours.load_state_dict({k: v.to(dtype=mine[k].dtype, device=mine[k].device) for k, v in state.items()})
     ours.train(model.training)
     return ours
@@ -231,12 +235,12 @@ def to_neuralop(ours: FNO) -> nn.Module:
     with its weights (a parallelized model's sharded weights are gathered: call it on every rank)."""
     NeuralopFNO, _, _ = _neuralop()
     options = dict(ours.options)
-    spectral = ours.spectral[0]
+    spectral = ours.blocks[0].spectral
     if options["complex_data"]:
         raise ValueError(f"to_neuralop: complex_data=True is not supported: {_REFUSED['complex_data'][1]}")
     if any(spectral.domain_padding):
         raise ValueError(f"to_neuralop: domain_padding is not supported: {_REFUSED['domain_padding'][1]}")
-    _check_double_activation(options, len(ours.spectral), "to_neuralop")
+    _check_double_activation(options, len(ours.blocks), "to_neuralop")
     width = ours.lift_out.weight.shape[0] if ours.lift_out is not None else ours.lift.weight.shape[0]
     projection = ours.project_hidden.weight.shape[0]
     ratio = projection / width
@@ -253,7 +257,7 @@ def to_neuralop(ours: FNO) -> nn.Module:
             in_channels=in_channels,
             out_channels=ours.project_out.weight.shape[0],
             hidden_channels=width,
-            n_layers=len(ours.spectral),
+            n_layers=len(ours.blocks),
             lifting_channel_ratio=options["lifting_channel_ratio"],
             projection_channel_ratio=ratio,
             positional_embedding=options["positional_embedding"],
@@ -273,8 +277,8 @@ def to_neuralop(ours: FNO) -> nn.Module:
         state[their_name] = to_theirs(mine[name]).to(state[their_name].dtype)
     if factorization is not None:
         shape, spec = _nominal_shape(ours), spectral.mode_spec
-        for i in range(len(ours.spectral)):
-            prefix = f"spectral.{i}.weight."
+        for i in range(len(ours.blocks)):
+            prefix = f"blocks.{i}.spectral.weight."
             own = {k.removeprefix(prefix): v for k, v in mine.items() if k.startswith(prefix)}
             for k, v in to_neuralop_factors(own, shape, spec).items():
                 key = f"fno_blocks.convs.{i}.weight.{k}"

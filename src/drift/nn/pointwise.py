@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from drift._plan import complex_dtype
 from drift.nn.chunked import activate, linear_into, pointwise_activation
 from drift.nn.replicated import Replicated
+from drift.recording import recorded
 
 SKIPS = ("linear", "identity", "soft-gating")
 
@@ -70,13 +71,13 @@ class PointwiseLinear(Replicated):
         dtype, outside autograd, without ``add``)."""
         weight = self.replicated(self.weight)
         bias = self.bias if self.bias is None else self.replicated(self.bias)
-        recorded = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        if recorded and out is None and not x.is_complex() and not torch.is_autocast_enabled(x.device.type):
+        autograd = recorded(x, self.weight)
+        if autograd and out is None and not x.is_complex() and not torch.is_autocast_enabled(x.device.type):
             # One autograd node in chunks of points, its output and x's gradient from drift.memory.
             return pointwise_activation(weight, bias, x, add, None)
         shape = (x.shape[0], self.weight.shape[0], *x.shape[2:])
         if out is not None:
-            if recorded or add is not None or tuple(out.shape) != shape or not out.is_contiguous():
+            if autograd or add is not None or tuple(out.shape) != shape or not out.is_contiguous():
                 raise ValueError(
                     f"PointwiseLinear: out= takes a contiguous tensor of shape {shape}, outside autograd and "
                     f"without add=; got shape {tuple(out.shape)}"
@@ -91,7 +92,7 @@ class PointwiseLinear(Replicated):
         if add is None:
             # baddbmm adds the (broadcast) bias inside the gemm: one pass over the output instead of two.
             y = torch.baddbmm(bias[None, :, None], weight, flat)
-        elif recorded or (add.requires_grad and torch.is_grad_enabled()) or torch.is_autocast_enabled(x.device.type):
+        elif autograd or recorded(add) or torch.is_autocast_enabled(x.device.type):
             y = (
                 torch.baddbmm(add.reshape(flat.shape[0], self.weight.shape[0], flat.shape[2]), weight, flat)
                 + bias[None, :, None]

@@ -46,7 +46,7 @@ def build_model(
         options = dict(reduction=reduction, overlap=config.overlap, global_shape=global_shape)
         parallelize(model, sharding.mesh, sharding.placements, **options)
     elif config.method == AUTO and global_shape is not None:
-        for layer in model.spectral:
+        for layer in (block.spectral for block in model.blocks):
             layer.choose_method(global_shape, (1,) * len(global_shape), Machine.default(torch.device(device).type))
     return model
 

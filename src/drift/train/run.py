@@ -96,8 +96,8 @@ def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> R
     data = Path(config.data) if config.data is not None else default_data_path()
     sharding = Sharding.build(config, comm.world_size(), device.type)
     model = build_model(config, device, sharding, (*read_layout(data)[2:], config.t_out))
-    if rank == 0 and config.progress and model.spectral[0].choice is not None:
-        print(f"drift train: method {model.spectral[0].choice}", flush=True)
+    if rank == 0 and config.progress and model.blocks[0].spectral.choice is not None:
+        print(f"drift train: method {model.blocks[0].spectral.choice}", flush=True)
     optimizer = make_optimizer(config, model)
     history, saved = [], None
     if config.resume:  # the newest checkpoint that loads on every rank, and its statistics
