@@ -22,7 +22,7 @@ def test_help_lists_subcommands(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: drift "), out
-    for command in ("info", "generate", "train", "evaluate", "bench"):
+    for command in ("info", "generate", "train", "evaluate", "predict", "export", "bench"):
         assert re.search(rf"^    {command}  +\S", out, re.MULTILINE), (command, out)  # listed with its help
 
 

@@ -10,6 +10,16 @@ from drift.truncated import TruncatedFFT
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # drift.load_exported (drift.export.load_exported), imported on first use: it brings drift.train.
+    if name == "load_exported":
+        from drift.export import load_exported
+
+        return load_exported
+    raise AttributeError(f"module 'drift' has no attribute {name!r}")
+
+
 __all__ = [
     "Collective",
     "CommLog",
@@ -19,6 +29,7 @@ __all__ = [
     "TruncatedFFT",
     "comm_log",
     "grid_mesh",
+    "load_exported",
     "memory",
     "optim",
     "profile",

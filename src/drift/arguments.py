@@ -38,6 +38,17 @@ def extents(what: str, example: str, count: int | None = None) -> Callable[[str]
     return parse
 
 
+def indices(text: str) -> tuple[int, ...]:
+    """argparse type: whole numbers and inclusive ranges joined by commas, like 0,3,10-19, in that order."""
+    chosen: list[int] = []
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdecimal() or (dash and not last.isdecimal()) or (dash and int(last) < int(first)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a list like 0,3,10-19")
+        chosen.extend(range(int(first), int(last if dash else first) + 1))
+    return tuple(chosen)
+
+
 positive_int = positive(int)
 positive_float = positive(float)
 shape = extents("a shape", "64x64x32x30")

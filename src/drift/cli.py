@@ -1,4 +1,4 @@
-"""The ``drift`` command. Subcommands: ``info``, ``generate``, ``train``, ``evaluate``, ``bench``."""
+"""The ``drift`` command; its subcommands: info, generate, train, evaluate, predict, export, bench."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 
 import drift
 from drift import comm
-from drift.arguments import extents, positive
+from drift.arguments import extents, indices, positive
 from drift.bench.cli import add_parser as add_bench_parser
 
 if TYPE_CHECKING:
@@ -332,6 +332,55 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _in_group(call: tuple[Callable[..., Any], dict]) -> Any:
+    """``fn(**kwargs)`` of ``call = (fn, kwargs)`` inside this rank's process group on ``kwargs["device"]``."""
+    from drift.launch import process_group
+
+    fn, kwargs = call
+    with process_group(kwargs["device"]):
+        return fn(**kwargs)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from drift.checkpoint import CheckpointError
+    from drift.data.writer import OutputError
+    from drift.launch import RankError, launched
+    from drift.predict import plan_prediction, predict
+
+    names = ("checkpoint", "data", "out", "trajectories", "resolution", "method", "grid", "data_parallel", "force")
+    kwargs = {name: getattr(args, name) for name in names}
+    run = dict(device=args.device, batch_size=args.batch_size, progress=args.progress)
+    rank = int(os.environ.get("RANK", 0)) if launched() else 0
+    try:
+        if args.device == "cuda" and torch.cuda.device_count() < 1:
+            raise ValueError("--device cuda: no CUDA device is available")
+        ranks = int(os.environ["WORLD_SIZE"]) if launched() else args.nproc or 1
+        plan_prediction(**kwargs, world_size=ranks)  # the inputs and the output, before any rank starts
+        call = (predict, kwargs | run)
+        result = _in_group(call) if launched() else _on_ranks(ranks, _in_group, call, args.device)
+    except (ValueError, CheckpointError, OutputError, RankError) as exc:
+        return 2 if rank != 0 else _fail("predict", str(exc))
+    if rank == 0:
+        print(
+            f"wrote {result['out']}: {result['trajectories']} trajectories of {result['t_in']} input + "
+            f"{result['t_out']} predicted frames at {'x'.join(map(str, result['resolution']))}, by "
+            f"{result['checkpoint']} (epoch {result['epoch']}) on {result['ranks']} rank(s)"
+        )
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from drift.checkpoint import CheckpointError
+    from drift.export import EXPORTERS, ExportError
+
+    try:
+        path = EXPORTERS[args.format](args.checkpoint, args.out, force=args.force)
+    except (ValueError, CheckpointError, ExportError) as exc:
+        return _fail("export", str(exc))
+    print(f"wrote {path}")
+    return 0
+
+
 def _count(text: str) -> int:
     """argparse type: a whole number >= 0."""
     if not text.isdecimal():
@@ -396,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=_generate)
     _add_train(commands)
     _add_evaluate(commands)
+    _add_predict(commands)
+    _add_export(commands)
     add_bench_parser(commands)
     return parser
 
@@ -574,6 +625,66 @@ def _add_evaluate(commands) -> None:
     ev.add_argument("--batch-size", type=positive(int), default=2)
     ev.add_argument("--json", help="also write the result to this JSON file")
     ev.set_defaults(run=_evaluate)
+
+
+def _add_trained_layout(parser: argparse.ArgumentParser) -> None:
+    """The options of a command running a trained model on ranks: the resolution it reads the data at,
+    the spectral method, the ranks' layout and device."""
+    from drift.nn import METHODS
+
+    parser.add_argument(
+        "--resolution",
+        type=positive(int),
+        metavar="R",
+        help="read the data at R points per spatial dim (every N/R-th point of its N; default: all of them)",
+    )
+    parser.add_argument("--method", choices=(*METHODS, "auto"), help="spectral convolution (default: the run's)")
+    parser.add_argument("--grid", type=_grid, help="spatial ranks per spatial dim (default: a slab)")
+    parser.add_argument("--data-parallel", type=positive(int), default=1, metavar="D", help="data-parallel ranks")
+    parser.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+
+
+def _add_predict(commands) -> None:
+    pr = commands.add_parser(
+        "predict",
+        help="write a trained model's predictions for the trajectories of a PDEBench-layout file, in that layout",
+        description="For each trajectory: the file's first t_in frames, copied, then the t_out frames the model "
+        "predicts from them, de-normalised; on any number of ranks, each reading and writing only its block "
+        "(they write in turn into one file, renamed into place at the end).",
+    )
+    pr.add_argument("checkpoint", metavar="RUN", help="a run folder (its latest checkpoint) or one checkpoint folder")
+    pr.add_argument("--data", required=True, help="PDEBench-layout HDF5 file with at least t_in frames")
+    pr.add_argument("--out", required=True, help="the HDF5 file to write")
+    pr.add_argument(
+        "--trajectories",
+        type=indices,
+        help="which trajectories of --data, in this order, like 0,3,10-19 (ranges inclusive; default: all)",
+    )
+    _add_trained_layout(pr)
+    pr.add_argument("--batch-size", type=positive(int), help="trajectories a step (default: --data-parallel)")
+    pr.add_argument("--force", action="store_true", help="replace --out if it exists")
+    pr.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    pr.set_defaults(run=_predict)
+
+
+def _add_export(commands) -> None:
+    from drift.export import EXPORTERS
+
+    ex = commands.add_parser(
+        "export",
+        help="write a trained model as one file for one device (torch.load(weights_only=True)) or as a "
+        "neuraloperator checkpoint",
+        description="pt: one file holding the weights, the FNO's options, the normalisation statistics and how "
+        'inputs are assembled; drift.load_exported("model.pt")(frames) predicts from raw frames. neuralop: '
+        "neuraloperator's save_checkpoint files and drift.json (statistics, inputs), where neuraloperator's "
+        "FNO computes the model's function.",
+    )
+    ex.add_argument("checkpoint", metavar="RUN", help="a run folder (its latest checkpoint) or one checkpoint folder")
+    ex.add_argument("out", metavar="OUT", help="the file (--format pt) or folder (--format neuralop) to write")
+    ex.add_argument("--format", choices=tuple(EXPORTERS), default="pt", help="pt (default) or neuralop")
+    ex.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    ex.set_defaults(run=_export)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

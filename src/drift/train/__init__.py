@@ -40,6 +40,7 @@ The package, one idea a module (each imports only those above it):
 - ``sharding``: the mesh and placements (``Sharding``), batches, the global sum, the data sets, the
   frame weights.
 - ``model``: the FNO and its optimizer. ``schedule``: the learning rate.
+- ``trained``: a checkpoint's model loaded on this job's ranks, for a data grid at a resolution.
 - ``evaluation``: relative L2, PDEBench's metrics, ``evaluate``. ``plots``: the plots.
 - ``epoch``: an epoch's phase clock, step flags and running sums. ``run``: a run set up on a rank.
 - ``loop``: ``train`` and ``train_rank``.
@@ -81,10 +82,9 @@ from drift.train.evaluation import (
     format_pdebench,
     pdebench_metrics,
     relative_l2,
-    resolution_stride,
 )
 from drift.train.loop import NonFiniteError, train, train_rank
-from drift.train.model import build_model, make_optimizer
+from drift.train.model import build_model, fno_options, make_optimizer
 from drift.train.resume import (
     check_fresh_run,
     find_checkpoint,
@@ -96,6 +96,7 @@ from drift.train.resume import (
 )
 from drift.train.schedule import learning_rate, set_learning_rate
 from drift.train.sharding import Sharding, frame_weights, model_input, model_target
+from drift.train.trained import Trained, data_grid, load_trained, resolution_stride, trained_config
 
 __all__ = [
     "ConfigError",
@@ -114,6 +115,7 @@ __all__ = [
     "Sharding",
     "TEST_METRICS",
     "TrainConfig",
+    "Trained",
     "build_model",
     "check_config",
     "check_fresh_run",
@@ -121,13 +123,16 @@ __all__ = [
     "check_resolution",
     "check_split",
     "config_from",
+    "data_grid",
     "default_data_path",
     "ensure_default_data",
     "evaluate",
     "find_checkpoint",
+    "fno_options",
     "format_pdebench",
     "frame_weights",
     "learning_rate",
+    "load_trained",
     "make_optimizer",
     "model_input",
     "model_target",
@@ -144,4 +149,5 @@ __all__ = [
     "spatial_grid",
     "train",
     "train_rank",
+    "trained_config",
 ]

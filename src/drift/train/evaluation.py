@@ -5,22 +5,16 @@ metrics (``drift.metrics``) on the physical fields; a run's final metrics (``tes
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from drift import comm
-from drift._plan import resolve_device
-from drift.checkpoint import load_newest, read_meta
 from drift.data import PDEBench3D, read_layout
 from drift.metrics import PDEBenchMetrics
 from drift.nn import FNO
-from drift.train.checks import check_resolution
-from drift.train.config import META_KEYS, MODEL_OPTIONS, ConfigError, config_from
-from drift.train.model import build_model
-from drift.train.resume import check_options, checkpoint_root, find_checkpoint, saved_config
-from drift.train.sharding import Sharding, datasets, global_sum, load_batch, local_block, saved_stats
+from drift.train.sharding import Sharding, datasets, global_sum, load_batch, local_block
+from drift.train.trained import data_grid, load_trained, trained_config
 
 
 def pdebench_metrics(dataset: PDEBench3D, device) -> PDEBenchMetrics:
@@ -106,28 +100,15 @@ def evaluate(
     is passed over for the newest older one that loads (``load_newest``). Returns a dict: the checkpoint,
     where it was trained, ``split``, ``test_rel_l2`` and ``pdebench`` (``PDEBenchMetrics.compute``'s).
     """
-    meta = read_meta(find_checkpoint(checkpoint), META_KEYS)
-    # The run's reduction mesh fits its own ranks; evaluation reduces once per mesh dim.
-    config = config_from(saved_config(meta), grid=grid, data_parallel=data_parallel, reduction=None)
-    config.method = method or config.method
-    config.data = data or config.data
-    where = resolve_device(device)
-    _, _, *extents = read_layout(config.data)
-    stride = resolution_stride(extents, resolution)
-    option = f"--resolution {resolution}" if resolution else f"--data {config.data}"
-    check_resolution(config, [n // stride for n in extents], comm.world_size(), option)
-    sharding = Sharding.build(config, comm.world_size(), where.type)
-    model = build_model(config, where, sharding, (*(n // stride for n in extents), config.t_out))
-
-    def check(path: Path, meta: dict) -> None:
-        check_options(config, path, meta, names=MODEL_OPTIONS)
-
-    path, meta = load_newest(checkpoint_root(checkpoint), model, check=check, keys=META_KEYS)
-    _, test_set = datasets(config, Path(config.data), saved_stats(meta), sharding, stride)
-    pdebench = pdebench_metrics(test_set, where)
-    l2 = relative_l2(model, test_set, sharding, batch_size, where, pdebench)
+    config = trained_config(checkpoint, data=data, method=method, grid=grid, data_parallel=data_parallel)
+    shape, stride = data_grid(config, read_layout(config.data)[2:], resolution, comm.world_size())
+    trained = load_trained(checkpoint, config, shape, device)
+    _, test_set = datasets(config, Path(config.data), trained.stats, trained.sharding, stride)
+    pdebench = pdebench_metrics(test_set, trained.device)
+    l2 = relative_l2(trained.model, test_set, trained.sharding, batch_size, trained.device, pdebench)
+    meta = trained.meta
     return dict(
-        checkpoint=str(path),
+        checkpoint=str(trained.checkpoint),
         epoch=meta["epoch"],
         trained_on=meta["world_size"],
         trained_resolution=meta["global_shape"],
@@ -139,17 +120,3 @@ def evaluate(
         test_trajectories=len(test_set),
         pdebench=pdebench.compute(),
     )
-
-
-def resolution_stride(extents: Sequence[int], resolution: int | None) -> int:
-    """The stride that reads a grid of ``extents`` points per dim at ``resolution`` points per dim
-    (1 for None); ConfigError unless every extent is ``resolution`` times it."""
-    if resolution is None:
-        return 1
-    stride = max(1, extents[0] // resolution)
-    if any(n != stride * resolution for n in extents):
-        raise ConfigError(
-            f"--resolution {resolution}: the data's {'x'.join(map(str, extents))} grid is not a multiple of it; "
-            f"write a data set at that resolution (drift generate --resolution {resolution}) and pass it as --data"
-        )
-    return stride

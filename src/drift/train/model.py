@@ -11,10 +11,28 @@ from drift import optim
 from drift.data import FIELDS
 from drift.launch import GROUP_TIMEOUT_S
 from drift.layout import reduction_mesh
-from drift.nn import AUTO, FNO, Machine, parallelize
+from drift.nn import AUTO, FNO, NEURALOP_DEFAULTS, Machine, parallelize
 from drift.train.checks import reduction_shape
 from drift.train.config import TrainConfig
 from drift.train.sharding import Sharding
+
+
+def fno_options(config: TrainConfig) -> dict:
+    """The ``drift.nn.FNO`` arguments of ``config``'s model but its ``method``, ``dtype`` and ``device``:
+    the channels of the problem's inputs and outputs (``model_input``), ``--width``, ``--modes``,
+    ``--layers``, ``--factorization``, ``--rank``, and for ``--model neuralop`` neuraloperator's defaults
+    (``NEURALOP_DEFAULTS``). Plain values: ``FNO(**fno_options(config))`` builds it."""
+    fields = len(FIELDS)
+    options = dict(
+        in_channels=fields * config.t_in + 1,
+        out_channels=fields,
+        width=config.width,
+        modes=config.modes,
+        n_layers=config.layers,
+        factorization=config.factorization,
+        rank=config.rank,
+    )
+    return options | (dict(NEURALOP_DEFAULTS) if config.model == "neuralop" else {})
 
 
 def build_model(
@@ -23,21 +41,9 @@ def build_model(
     """The FNO for ``config``, its parameters drawn from ``torch.manual_seed(config.seed)`` (without
     touching the caller's random state), parallelized over ``sharding``'s mesh when it has one.
     ``global_shape``: the model's input extents (x, y, z, t_out), which ``--method auto`` chooses by."""
-    fields = len(FIELDS)
-    constructor = FNO.neuralop_defaults if config.model == "neuralop" else FNO
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = constructor(
-            fields * config.t_in + 1,
-            fields,
-            config.width,
-            config.modes,
-            config.layers,
-            method=config.method,
-            factorization=config.factorization,
-            rank=config.rank,
-            device=device,
-        )
+        model = FNO(**fno_options(config), method=config.method, device=device)
     if sharding is not None and sharding.mesh is not None:
         reduction = reduction_shape(config, sharding.mesh.size())
         if reduction is not None:
