@@ -88,8 +88,9 @@ def test_predicted_on_four_ranks_equals_one_rank_and_the_model(ranks, run, data,
     result = ranks.run(1, _predict, run, data, one, {})[0]
     assert result["trajectories"] == 4 and result["resolution"] == [8, 8, 8] and result["epoch"] == 1
     ranks.run(4, _predict, run, data, four, dict(grid=(2, 2, 1)))
-    # 2 data-parallel x 2 spatial ranks with dfno, batches of 3 (an uneven share), some trajectories reordered.
-    options = dict(data_parallel=2, method="dfno", batch_size=3, trajectories=(3, 0, 2))
+    # 2 data-parallel x 2 spatial ranks with dfno, some trajectories reordered, in batches of 2: the last
+    # leaves one data-parallel rank without a trajectory.
+    options = dict(data_parallel=2, method="dfno", batch_size=2, trajectories=(3, 0, 2))
     ranks.run(4, _predict, run, data, picked, options)
     source = _fields(data)
     written = _fields(one)
@@ -176,6 +177,7 @@ def test_predict_command_refuses_to_overwrite_and_names_what_does_not_fit(capsys
         (["--data", data, "--trajectories", "1,1"], "--trajectories"),
         (["--data", data, "--grid", "2x1x1"], "--grid 2x1x1"),  # 2 spatial ranks on 1
         (["--data", data, "--out", data, "--force"], "is the --data file"),
+        (["--data", data, "--out", str(tmp_path), "--force"], "is a folder"),
     ]
     for args, names in cases:
         target = tmp_path / "refused.hdf5"

@@ -44,7 +44,8 @@ ATTRIBUTE = "drift_prediction"  # the output's attribute recording what predicte
 @dataclass(frozen=True)
 class Source:
     """The PDEBench-layout file a prediction reads: ``trajectories`` of ``frames`` frames on ``extents``
-    (x, y, z) points, its ``fields`` stored as ``dtype``. Opened on first read, in the process reading."""
+    (x, y, z) points, its fields stored as ``dtype``. Each read opens the file: no handle is held, none
+    travels between processes."""
 
     path: Path
     trajectories: int
@@ -133,7 +134,8 @@ def plan_prediction(
     no collective: every rank, or the launcher before they start, meets the same error, in one line naming
     the file or option: CheckpointError (no whole checkpoint), DataError (a field, coordinate or the
     t-coordinate missing, fewer frames than the model's t_in), ConfigError (a resolution, grid or
-    trajectory that does not fit), OutputError (``out`` exists without ``force``, or is the source)."""
+    trajectory that does not fit), OutputError (``out`` exists without ``force``, is a folder or is the
+    source)."""
     config = trained_config(checkpoint, data=str(data), method=method, grid=grid, data_parallel=data_parallel)
     source = Source.open(data)
     if source.frames < config.t_in:
@@ -148,6 +150,8 @@ def plan_prediction(
     if len(set(chosen)) != len(chosen) or not chosen:
         raise ConfigError(f"--trajectories: {'a trajectory twice' if chosen else 'none'} (each at most once)")
     out = Path(out)
+    if out.is_dir():
+        raise OutputError(f"--out {out} is a folder: name the file to write")
     if out.exists() and out.resolve() == source.path.resolve():
         raise OutputError(f"--out {out} is the --data file: write the prediction elsewhere")
     if out.exists() and not force:
