@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ from drift.launch import RankError, rank_device, run_ranks
 from drift.layout import Layout, grid_mesh, shift_placements, to_dtensor
 from drift.modes import mode_lists
 from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block, parallelize
+from drift.nn.methods import Drift
 
 FIELDS = 5  # FNO input and output channels: PDEBench's five fields
 
@@ -73,10 +73,9 @@ def _split_phases(prof: dict[str, float], log: drift.CommLog, total: float) -> d
 
 
 def _time_passes(
-    forward, inputs: torch.Tensor, warmup: int, iters: int, backward: bool, extra: dict[str, float] | None = None
+    forward, inputs: torch.Tensor, warmup: int, iters: int, backward: bool
 ) -> tuple[list[float], list[float], list[dict], list[tuple[str, int]]]:
-    """Timed forwards (with phases and the collectives of one), then timed backwards. ``extra``: phases
-    that ``forward`` itself fills in on each call."""
+    """Timed forwards (with phases and the collectives of one), then timed backwards."""
     with torch.no_grad():
         for _ in range(warmup):
             forward(inputs)
@@ -85,7 +84,7 @@ def _time_passes(
         with drift.profile() as prof, drift.comm_log() as log, torch.no_grad():
             seconds = timed(lambda: forward(inputs))
         forwards.append(seconds)
-        phases.append(_split_phases({**prof, **(extra or {})}, log, seconds))
+        phases.append(_split_phases(prof, log, seconds))
         calls = [(c.kind, c.bytes, c.group_size) for c in log.calls]
     backwards = []
     if backward:
@@ -114,21 +113,6 @@ def block_worker(cases: Sequence[tuple], warmup: int, iters: int, backward: bool
     return results
 
 
-class _Stopwatch:
-    """Adds the wall time between a module's pre-hook and another module's post-hook to ``seconds``."""
-
-    def __init__(self, first: nn.Module, last: nn.Module, seconds: dict[str, float], name: str) -> None:
-        self.seconds, self.name, self.start = seconds, name, 0.0
-        first.register_forward_pre_hook(self._begin)
-        last.register_forward_hook(self._end)
-
-    def _begin(self, *_: Any) -> None:
-        self.start = time.perf_counter()
-
-    def _end(self, *_: Any) -> None:
-        self.seconds[self.name] = self.seconds.get(self.name, 0.0) + time.perf_counter() - self.start
-
-
 def fno_worker(cases: Sequence[tuple], warmup: int, iters: int) -> list[dict[str, Any]]:
     """On every rank: time whole FNO forwards (lift, 4 blocks, projection) with their phases, per case
     ``(shape, modes, width, method)``."""
@@ -138,17 +122,7 @@ def fno_worker(cases: Sequence[tuple], warmup: int, iters: int) -> list[dict[str
         model = FNO(FIELDS, FIELDS, width, modes, method=method, device=rank_device())
         layout = distribute(model, shape)
         x = as_model_input(random_input(layout, FIELDS), layout)
-        outer: dict[str, float] = {}
-        # Lift and projection are not layers' phases: time them with hooks (the GeLU between the two
-        # projection layers included) and add them to each pass's phases.
-        _Stopwatch(model.lift, model.lift, outer, "lift+projection")
-        _Stopwatch(model.project_hidden, model.project_out, outer, "lift+projection")
-
-        def forward(inp: torch.Tensor, model=model, outer=outer) -> torch.Tensor:
-            outer.clear()
-            return model(inp)
-
-        results.append(_rank_result(*_time_passes(forward, x, warmup, iters, False, outer)))
+        results.append(_rank_result(*_time_passes(model, x, warmup, iters, False)))
     return results
 
 
@@ -197,7 +171,7 @@ def _ms(spread_s: dict | None) -> str:
 def timing_table(rows: list[dict], keys: Sequence[str]) -> tuple[list[list], list[str]]:
     """Table rows and header for block timings: ``keys`` columns, method, forward and backward ms
     (median [quartiles]), each pass's time over drift's at the same keys, payload MB per forward."""
-    drift_rows = {tuple(r[k] for k in keys): r for r in rows if r["method"] == "drift" and r["completed"]}
+    drift_rows = {tuple(r[k] for k in keys): r for r in rows if r["method"] == Drift.name and r["completed"]}
 
     def over_drift(r: dict, which: str) -> float | None:
         base = drift_rows.get(tuple(r[k] for k in keys))

@@ -25,6 +25,7 @@ from drift.bench import output
 from drift.data import read_layout
 from drift.launch import RankError, run_ranks
 from drift.nn import METHODS
+from drift.nn.methods import Drift
 from drift.train import MODELS, ConfigError, TrainConfig, check_config, config_from, ensure_default_data, train_rank
 
 PHASES = ("forward", "backward", "optimizer", "test", "data")  # seconds per epoch, as drift.train's rows
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         runs.append(
             dict(method=method, ranks=args.nproc, history=history, median_epoch_s=seconds, median_phase_s=phases)
         )
-    reference = next((r for r in runs if r["method"] == "drift"), runs[0])
+    reference = next((r for r in runs if r["method"] == Drift.name), runs[0])  # the rows are labelled by name
     for run_ in runs:
         pairs = zip(run_["history"], reference["history"], strict=True)
         run_["max_loss_rel_diff_vs_drift"] = max(abs(a["train_loss"] / b["train_loss"] - 1) for a, b in pairs)

@@ -21,6 +21,7 @@ from drift.nn.executor import Executor
 from drift.nn.norm import NORMS
 from drift.nn.pointwise import SKIPS, PointwiseLinear
 from drift.nn.spectral import layout_of
+from drift.profiling import phase
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
 
@@ -228,17 +229,19 @@ class FNO(nn.Module):
     def forward_local(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
         """The model on this rank's block ``x`` ``(b, in, *layout.local_shape)``: the lift, the blocks, the
         projection; each writes where ``self.executor`` says (resident buffers outside autograd)."""
-        if self.positional_embedding == "grid":
-            x = grid_embedding(x, layout)
-        width, plain = self.project_hidden.weight.shape[1], all(block.plain for block in self.blocks)
-        outputs = self.executor.outputs(x, width, self.lift.weight.dtype, plain, self.parameters())
-        if self.lift_out is not None:
-            x = self.lift_out(activate(self.non_linearity, self.lift(x)), out=next(outputs))
-        else:
-            x = self.lift(x, out=next(outputs))
+        with phase("lift+projection"):
+            if self.positional_embedding == "grid":
+                x = grid_embedding(x, layout)
+            width, plain = self.project_hidden.weight.shape[1], all(block.plain for block in self.blocks)
+            outputs = self.executor.outputs(x, width, self.lift.weight.dtype, plain, self.parameters())
+            if self.lift_out is not None:
+                x = self.lift_out(activate(self.non_linearity, self.lift(x)), out=next(outputs))
+            else:
+                x = self.lift(x, out=next(outputs))
         for block in self.blocks:
             x = block.forward_local(x, layout, out=next(outputs))
-        return self.executor.project(self.project_hidden, self.project_out, self.non_linearity, x)
+        with phase("lift+projection"):
+            return self.executor.project(self.project_hidden, self.project_out, self.non_linearity, x)
 
     def _apply(self, fn, recurse=True):
         self.executor.clear()
