@@ -147,6 +147,11 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
             time.sleep(1)
         return fields
 
+    def node_idle(self) -> bool:
+        """Whether the cluster's node runs no job and has finished cleaning up after the last one (a job
+        started while the node still completes the previous one can fail to launch)."""
+        return dict(re.findall(r"(\w+)=(\S*)", self._scontrol("show", "node"))).get("State") == "IDLE"
+
     def requeue(self, job: int) -> None:
         self._scontrol("requeue", str(job))
 

@@ -24,8 +24,8 @@ from slurm import ENDED, Slurm, require_slurm
 from drift.cli import main
 
 SCRIPT = Path(__file__).parent.parent / "examples" / "slurm" / "train.sbatch"
-# Long enough (about 30 s on two cores) for a signal to arrive while it trains.
-EPOCHS = 100
+# Long enough (about 15 s on two cores) for a signal sent at epoch 5 or 10 to arrive while it trains.
+EPOCHS = 50
 TRAIN = ["--epochs", str(EPOCHS), "--batch-size", "4", "--lr", "0.01", "--schedule", "constant", *TINY]
 JOB_S = 300  # a generous bound on one job's run: a hang fails the test
 
@@ -63,9 +63,10 @@ def _submit(slurm: Slurm, out: Path, data: str, *options: str) -> int:
 
 
 def _requeued(slurm: Slurm, job: int, *changes: str) -> None:
-    """Wait until SLURM holds the requeued ``job``, then let it start at once (with ``changes``)."""
+    """Wait until SLURM holds the requeued ``job`` and the node is idle, then let it start at once (with
+    ``changes``)."""
     deadline = time.monotonic() + JOB_S
-    while (fields := slurm.job(job))["JobState"] != "PENDING" or fields["Restarts"] == "0":
+    while (fields := slurm.job(job))["JobState"] != "PENDING" or fields["Restarts"] == "0" or not slurm.node_idle():
         assert time.monotonic() < deadline and fields["JobState"] not in ("COMPLETED", "FAILED"), fields
         time.sleep(0.5)
     slurm.update(job, "StartTime=now", *changes)
