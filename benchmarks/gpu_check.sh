@@ -61,6 +61,10 @@ if [ "$ranks" -gt 1 ]; then
         --out "$work/comm"
 fi
 step 90 train python3 -m drift train --device "$device" --nproc 1 --epochs 3 --out "$work/train"
+# Reading 128^3 data for a GPU's steps: pinned batches read ahead, copies that do not block; the losses of
+# the three ways of reading must agree bit for bit (the last line).
+step 240 data python3 benchmarks/data.py --device "$device" --ranks 1 --trajectories 4 --rounds 3 \
+    --json "$work/data.json"
 (cd "$work" && find . -name '*.json' -o -name '*.md' | tar -czf "$out/results.tgz" -T -)  # no checkpoints
 echo "logs and results.tgz in $out"
 exit $status

@@ -189,3 +189,60 @@ def test_bad_files_name_the_file_and_key(tmp_path):
         PDEBench3D(good, t_in=2, t_out=4, region=[(0, 13), (0, 10), (0, 9)])
     with pytest.raises(ValueError, match="has 2 ranks but the process group has 1"):
         PDEBench3D(good, *drift.grid_mesh((2, 1, 1)), t_in=2, t_out=4)
+
+
+def _independent(path, t, frames, stats):
+    """Trajectory t's ``frames`` of every field as h5py reads them, made float32 and normalised in numpy:
+    ``(fields, frames, x, y, z)``."""
+    with h5py.File(path, "r") as f:
+        data = np.stack([f[k][t, frames] for k in FIELDS]).astype(np.float32)
+    mean, std = (np.asarray(v, dtype=np.float32).reshape(-1, 1, 1, 1, 1) for v in (stats.mean, stats.std))
+    return (data - mean) / std
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">f4", "<f8"])
+def test_items_equal_an_independent_read_bit_for_bit_and_stay_valid(tmp_path, dtype):
+    """Items read straight into their tensors equal h5py's read normalised in numpy, bit for bit, for
+    float32 of either byte order and float64 files; an item keeps its values after later reads, and a
+    batch read in place equals the items stacked."""
+    path = tmp_path / "cfd.hdf5"
+    write_pdebench3d(path, _fields())
+    with h5py.File(path, "a") as f:
+        for key in FIELDS:
+            values = f[key][...]
+            del f[key]
+            f.create_dataset(key, data=values.astype(dtype))
+    ds = PDEBench3D(path, t_in=2, t_out=4)
+    first = ds[0]
+    kept = [t.clone() for t in first]
+    for i, t in enumerate(ds.trajectories):
+        want = _independent(path, t, slice(0, 6), ds.stats)
+        x, y = ds[i]
+        assert np.array_equal(x.numpy(), want[:, :2]) and np.array_equal(y.numpy(), want[:, 2:])
+        assert x.is_contiguous() and y.is_contiguous()
+    assert all(torch.equal(a, b) for a, b in zip(first, kept, strict=True))  # untouched by the reads since
+    x, y = (torch.empty(2, *t.shape) for t in first)
+    for b, i in enumerate((3, 1)):
+        ds.read_into(i, x[b], y[b])
+    assert torch.equal(x, torch.stack([ds[3][0], ds[1][0]])) and torch.equal(y, torch.stack([ds[3][1], ds[1][1]]))
+    with pytest.raises(ValueError, match=r"x must be a contiguous float32 CPU tensor \(5, 2, 12, 10, 9\)"):
+        ds.read_into(0, x[0].double(), y[0])
+
+
+@pytest.mark.parametrize("how", ["truncated", "replaced"])
+def test_a_file_changed_under_a_reader_fails_naming_it(tmp_path, how):
+    """A file truncated in place, or replaced by another (a rename over it), after the data set opened it:
+    the next read fails naming it instead of returning zeros or the other file's values."""
+    path = tmp_path / "cfd.hdf5"
+    write_pdebench3d(path, _fields())
+    ds = PDEBench3D(path, t_in=2, t_out=4)
+    ds[0]
+    if how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    else:
+        other = tmp_path / "other.hdf5"
+        write_pdebench3d(other, _fields(seed=1))
+        other.replace(path)
+    with pytest.raises(DataError, match=rf"{path}: the file changed \(truncated, replaced or rewritten\)"):
+        ds[3]

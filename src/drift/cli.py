@@ -215,8 +215,11 @@ def _train(args: argparse.Namespace) -> int:
     )
 
     config = config_from(vars(args), resume=args.resume is True)
-    if config.data is not None:  # the run records it, for drift evaluate from any folder
-        config.data = os.path.abspath(config.data)
+    # The run records absolute paths, for drift evaluate from any folder; one file as itself, not a list.
+    if config.data is not None:
+        config.data = _absolute(config.data)
+    if config.test_data is not None:
+        config.test_data = tuple(map(os.path.abspath, config.test_data))
     expected = (
         ConfigError,
         DataError,
@@ -286,6 +289,20 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _absolute(paths: Sequence[str]) -> str | tuple[str, ...]:
+    """``--data``'s files and folders as absolute paths: one as a string, several as a tuple."""
+    absolute = tuple(os.path.abspath(p) for p in paths)
+    return absolute[0] if len(absolute) == 1 else absolute
+
+
+def _test_set(result: dict) -> str:
+    """Which test set ``evaluate``'s ``result`` is of, in a few words."""
+    if result["split"] == "test-data":
+        files = result["test_files"]
+        return f"--test-data {files[0]}" + (f" and {len(files) - 1} more files" if len(files) > 1 else "")
+    return f"{result['split']} split"
+
+
 def _evaluate_rank(kwargs: dict) -> dict:
     from drift.launch import process_group
     from drift.train import evaluate
@@ -302,7 +319,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     kwargs = dict(
         checkpoint=args.checkpoint,
-        data=args.data,
+        data=_absolute(args.data) if args.data else None,
+        test_data=tuple(map(os.path.abspath, args.test_data)) if args.test_data else None,
         resolution=args.resolution,
         method=args.method,
         grid=args.grid,
@@ -323,7 +341,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             f"test relative L2 {result['test_rel_l2']:.4f} over {result['test_trajectories']} trajectories "
             f"at {'x'.join(map(str, result['resolution']))} ({result['method']} on {result['ranks']} ranks; epoch "
             f"{result['epoch']} checkpoint from {result['trained_on']} ranks at "
-            f"{'x'.join(map(str, result['trained_resolution']))}; {result['split']} split)"
+            f"{'x'.join(map(str, result['trained_resolution']))}; {_test_set(result)})"
         )
         print(f"PDEBench metrics (physical units): {format_pdebench(result['pdebench'])}")
         if args.json:
@@ -463,7 +481,21 @@ def _add_train(commands) -> None:
         description="Adam(W) + MSE; test relative L2 every epoch; a sharded checkpoint per epoch. Runs alone "
         "(--nproc N starts N local ranks) or under torchrun --nproc-per-node N -m drift train.",
     )
-    train.add_argument("--data", help="PDEBench 3D CFD HDF5 file (default: generate a small set into the cache)")
+    train.add_argument(
+        "--data",
+        nargs="+",
+        metavar="FILE",
+        help="PDEBench 3D CFD HDF5 files or folders of them (*.hdf5, *.h5), read as one data set in the order "
+        "given, a folder's files by name; --split applies to each file (default: generate a small set into the "
+        "cache)",
+    )
+    train.add_argument(
+        "--test-data",
+        nargs="+",
+        metavar="FILE",
+        help="a separate test set: every trajectory of these files or folders (then every trajectory of --data "
+        "trains, and --split does not apply)",
+    )
     train.add_argument(
         "--grid", type=_grid, help="spatial ranks per spatial dim, like 4x1x1 (default: a slab of all spatial ranks)"
     )
@@ -586,6 +618,13 @@ def _add_train(commands) -> None:
     )
     train.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     train.add_argument(
+        "--no-prefetch",
+        dest="prefetch",
+        action="store_false",
+        help="read each batch inside its step instead of during the previous one (the same results; at most "
+        "one batch of this rank's blocks is read ahead otherwise)",
+    )
+    train.add_argument(
         "--no-plots",
         dest="plots",
         action="store_false",
@@ -610,7 +649,19 @@ def _add_evaluate(commands) -> None:
         "of ranks and at any resolution",
     )
     ev.add_argument("checkpoint", help="a run folder (its latest checkpoint) or one checkpoint folder")
-    ev.add_argument("--data", help="data file (default: the one the run trained on), at any resolution")
+    ev.add_argument(
+        "--data",
+        nargs="+",
+        metavar="FILE",
+        help="data files or folders whose test split (the run's --split, per file) to evaluate on, at any "
+        "resolution (default: the run's test set)",
+    )
+    ev.add_argument(
+        "--test-data",
+        nargs="+",
+        metavar="FILE",
+        help="evaluate on every trajectory of these files or folders instead",
+    )
     ev.add_argument(
         "--resolution",
         type=positive(int),

@@ -24,8 +24,11 @@ of its variance over the training trajectories (``frame_weights``), or unweighte
 Test metric: the relative L2 error ``||pred - true|| / ||true||`` of each test trajectory over its whole
 normalised field (every field, time and point), averaged over the trajectories; after the last epoch and
 in ``evaluate`` also PDEBench's metrics (``drift.metrics``) on the physical fields.
-The test set is the last 10% of the file's trajectories (``split="last"``) or PDEBench's first 10%
-(``split="pdebench"``); the run records it, and a resumed run or an evaluation uses the same.
+The data: one file or several read as one (``--data``, ``drift.data.PDEBenchFiles``; the run records
+the files in order). The test set is the last 10% of each file's trajectories (``split="last"``) or
+PDEBench's first 10% (``split="pdebench"``), or every trajectory of separate files (``--test-data``); the
+run records it, and a resumed run or an evaluation uses the same. Each step's batch is read in a
+background thread during the step before (``--no-prefetch``: inside the step), with the same results.
 
 Guards: rank 0 holds the run folder's lock for the whole run (``drift.checkpoint.folder_lock``); every
 step all-reduces one flag for a non-finite loss or gradient norm on any rank, and before the optimizer

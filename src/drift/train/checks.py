@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from drift.data import SPLITS, held_out_trajectories, read_layout
+from drift.data import SPLITS, PDEBenchFiles
 from drift.launch import launched
 from drift.layout import chunk_sizes, split_reduction
 from drift.modes import mode_lists
@@ -72,24 +71,47 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         resume_point(config)
     if config.data is None:
         return
-    trajectories, frames, *extents = read_layout(config.data)
-    check_split(config.split, trajectories, config.data)
-    if frames < config.t_in + config.t_out:
+    files = PDEBenchFiles(config.data)
+    if config.test_data:
+        test = PDEBenchFiles(config.test_data)
+        if test.grid != files.grid:
+            raise ConfigError(
+                f"--test-data: {test.paths[0]} has the {_shape_text(test.grid)} grid, --data "
+                f"{files.paths[0]} has {_shape_text(files.grid)}"
+            )
+        if test.frames < config.t_in + config.t_out:
+            raise ConfigError(
+                f"--t-in + --t-out = {config.t_in + config.t_out} exceeds the {test.frames} frames of "
+                f"--test-data {test.paths[0]}"
+            )
+    else:
+        check_split(config.split, files)
+    if files.frames < config.t_in + config.t_out:
         raise ConfigError(
-            f"--t-in + --t-out = {config.t_in + config.t_out} exceeds the {frames} frames of {config.data}"
+            f"--t-in + --t-out = {config.t_in + config.t_out} exceeds the {files.frames} frames of {_named(files)}"
         )
-    check_resolution(config, extents, world_size)
+    check_resolution(config, files.grid, world_size)
 
 
-def check_split(split: str, trajectories: int, data: str | Path) -> None:
-    """ConfigError naming ``--split`` unless its rule leaves ``data``'s trajectories both a training and a
-    test set."""
-    test = len(held_out_trajectories(trajectories, split))
+def _named(files: PDEBenchFiles) -> str:
+    """The data files in a message: the one file, or how many and the first."""
+    if len(files.paths) == 1:
+        return str(files.paths[0])
+    return f"the {len(files.paths)} files of --data ({files.paths[0]}, ...)"
+
+
+def check_split(split: str, files: PDEBenchFiles) -> None:
+    """ConfigError naming ``--split`` unless its rule, applied to each file, leaves the files' trajectories
+    both a training and a test set."""
+    trajectories, test = files.trajectories, len(files.held_out(split))
     if test == 0 or test == trajectories:
         rule = "int(0.1 x N) first" if split == "pdebench" else "round(0.1 x N) last (at least one)"
+        if len(files.paths) > 1:
+            rule += " of each file"
         raise ConfigError(
-            f"--split {split}: {data} holds {trajectories} trajectories, and the {rule} leaves {test} to test and "
-            f"{trajectories - test} to train on; PDEBench's rule needs at least 10 (--split last needs 2)"
+            f"--split {split}: {_named(files)} holds {trajectories} trajectories, and the {rule} leaves {test} to "
+            f"test and {trajectories - test} to train on; PDEBench's rule needs at least 10 (--split last needs 2), "
+            "or give a separate test set (--test-data)"
         )
 
 

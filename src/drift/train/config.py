@@ -46,7 +46,8 @@ HOSTS = "hosts"  # --reduction hosts: drift's spectra reduced within each host f
 class TrainConfig:
     """The options of ``drift train`` (see ``drift train --help``)."""
 
-    data: str | None = None
+    data: str | tuple[str, ...] | None = None  # a file, or several files and folders read as one data set
+    test_data: tuple[str, ...] | None = None  # a separate test set (every trajectory of these files)
     grid: tuple[int, int, int] | None = None
     data_parallel: int = 1
     reduction: tuple[int, ...] | str | None = None  # a mesh shape, or HOSTS
@@ -77,6 +78,7 @@ class TrainConfig:
     split: str = "last"
     checkpoint_every: float | None = None
     collective_timeout: float | None = None
+    prefetch: bool = True  # read the next batch in a background thread during the step
 
 
 def config_from(options: dict, **changes) -> TrainConfig:

@@ -5,15 +5,16 @@ metrics (``drift.metrics``) on the physical fields; a run's final metrics (``tes
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from drift import comm
-from drift.data import PDEBench3D, read_layout
+from drift.data import PDEBench3D, PDEBenchFiles
 from drift.metrics import PDEBenchMetrics
 from drift.nn import FNO
-from drift.train.sharding import Sharding, datasets, global_sum, load_batch, local_block
+from drift.train.sharding import Sharding, batch_input, global_sum, local_block, prefetched_batches, test_dataset
 from drift.train.trained import data_grid, load_trained, trained_config
 
 
@@ -30,23 +31,26 @@ def relative_l2(
     batch_size: int,
     device,
     pdebench: PDEBenchMetrics | None = None,
+    prefetch: bool = True,
 ) -> float:
     """Mean over ``dataset``'s trajectories of ``||pred - true|| / ||true||`` over each whole field. The
     same pass gives ``pdebench`` (when given) the physical fields: prediction and truth de-normalised
-    with the data set's statistics, in float64."""
+    with the data set's statistics, in float64. ``prefetch``: read each batch during the previous one's
+    forward (``prefetched_batches``)."""
     sums = torch.zeros(len(dataset), 2, dtype=torch.float64, device=device)
     shape = (1, -1, 1, 1, 1, 1)
     mean, std = (
         torch.tensor(v, dtype=torch.float64, device=device).view(shape) for v in (dataset.stats.mean, dataset.stats.std)
     )
-    for start in range(0, len(dataset), batch_size):
-        indices = range(start, min(start + batch_size, len(dataset)))
-        x, y = load_batch(dataset, indices, sharding, device)
-        pred = local_block(model(x))
-        err = (pred - y).square().flatten(1).sum(1, dtype=torch.float64)
-        sums[sharding.share(indices)] += torch.stack([err, y.square().flatten(1).sum(1, dtype=torch.float64)], 1)
-        if pdebench is not None:
-            pdebench.update(pred.double() * std + mean, y.double() * std + mean, sharding.share(indices))
+    batches = [range(start, min(start + batch_size, len(dataset))) for start in range(0, len(dataset), batch_size)]
+    with prefetched_batches(dataset, batches, sharding, device, prefetch) as reads:
+        for indices in batches:
+            x, y = batch_input(dataset, reads.take(), len(indices), sharding, device)
+            pred = local_block(model(x))
+            err = (pred - y).square().flatten(1).sum(1, dtype=torch.float64)
+            sums[sharding.share(indices)] += torch.stack([err, y.square().flatten(1).sum(1, dtype=torch.float64)], 1)
+            if pdebench is not None:
+                pdebench.update(pred.double() * std + mean, y.double() * std + mean, sharding.share(indices))
     total = global_sum(sums)
     return float((total[:, 0] / total[:, 1]).sqrt().mean())
 
@@ -80,7 +84,8 @@ def format_pdebench(metrics: dict) -> str:
 def evaluate(
     checkpoint: str | Path,
     *,
-    data: str | None = None,
+    data: str | Sequence[str] | None = None,
+    test_data: Sequence[str] | None = None,
     resolution: int | None = None,
     method: str | None = None,
     grid=None,
@@ -89,21 +94,28 @@ def evaluate(
     batch_size: int = 2,
 ) -> dict:
     """Relative L2 and PDEBench's metrics (``drift.metrics``, on the de-normalised fields) of a checkpoint's
-    model on its run's test split (the run's ``split``), on however many ranks call this.
+    model on its run's test set, on however many ranks call this.
 
     ``checkpoint``: a run folder (its latest checkpoint), its ``checkpoints`` folder or one checkpoint.
-    ``data`` defaults to the file the run trained on, at its own resolution or at ``resolution``
-    points per spatial dim (every (N / resolution)-th point of a file with N points per dim): the
-    same weights at any resolution, zero-shot super-resolution above the training one. ``method``
-    defaults to the run's (any method loads any other's checkpoint: the weights are the same global
-    ones); ``grid`` and ``data_parallel`` lay out the ranks as for training. A damaged latest checkpoint
-    is passed over for the newest older one that loads (``load_newest``). Returns a dict: the checkpoint,
-    where it was trained, ``split``, ``test_rel_l2`` and ``pdebench`` (``PDEBenchMetrics.compute``'s).
+    The test set: every trajectory of ``test_data`` (files or folders, as ``drift train --test-data``), or
+    the test split (the run's ``split``, applied to each file) of ``data`` (a file, folder or sequence of
+    them), or by default the run's own: its ``--test-data`` if it had one, else the split of the files it
+    trained on. It is read at its own resolution or at ``resolution`` points per spatial dim (every
+    (N / resolution)-th point of a file with N points per dim): the same weights at any resolution,
+    zero-shot super-resolution above the training one. ``method`` defaults to the run's (any method loads
+    any other's checkpoint: the weights are the same global ones); ``grid`` and ``data_parallel`` lay out
+    the ranks as for training. A damaged latest checkpoint is passed over for the newest older one that
+    loads (``load_newest``). Returns a dict: the checkpoint, where it was trained, ``split`` (the run's,
+    or ``"test-data"`` for separate test files), ``test_files``, ``test_rel_l2`` and ``pdebench``
+    (``PDEBenchMetrics.compute``'s).
     """
-    config = trained_config(checkpoint, data=data, method=method, grid=grid, data_parallel=data_parallel)
-    shape, stride = data_grid(config, read_layout(config.data)[2:], resolution, comm.world_size())
+    config = trained_config(
+        checkpoint, data=data, test_data=test_data, method=method, grid=grid, data_parallel=data_parallel
+    )
+    files = PDEBenchFiles(config.test_data or config.data)
+    shape, stride = data_grid(config, files.grid, resolution, comm.world_size())
     trained = load_trained(checkpoint, config, shape, device)
-    _, test_set = datasets(config, Path(config.data), trained.stats, trained.sharding, stride)
+    test_set = test_dataset(config, files, trained.stats, trained.sharding, stride)
     pdebench = pdebench_metrics(test_set, trained.device)
     l2 = relative_l2(trained.model, test_set, trained.sharding, batch_size, trained.device, pdebench)
     meta = trained.meta
@@ -115,7 +127,8 @@ def evaluate(
         resolution=list(test_set.global_shape),
         ranks=comm.world_size(),
         method=config.method,
-        split=config.split,
+        split="test-data" if config.test_data else config.split,
+        test_files=[str(p) for p in files.paths],
         test_rel_l2=l2,
         test_trajectories=len(test_set),
         pdebench=pdebench.compute(),

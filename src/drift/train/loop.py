@@ -19,6 +19,7 @@ from tqdm import tqdm
 from drift import comm
 from drift.checkpoint import save_checkpoint
 from drift.cluster import Cluster, PeersLost, describe
+from drift.data import Prefetch
 from drift.launch import process_group, rank_device
 from drift.metrics import PDEBenchMetrics
 from drift.stopping import STOPPED, Stopped, StopSignals
@@ -31,7 +32,7 @@ from drift.train.plots import save_plots
 from drift.train.resume import newest_checkpoint, one_writer
 from drift.train.run import Run, set_up
 from drift.train.schedule import set_learning_rate
-from drift.train.sharding import global_sum, load_batch, local_block
+from drift.train.sharding import batch_input, global_sum, local_block, prefetched_batches
 
 
 class NonFiniteError(RuntimeError):
@@ -108,27 +109,33 @@ def _epoch(run: Run, bar: tqdm, epoch: int) -> tuple[PDEBenchMetrics | None, flo
     order = torch.randperm(len(run.train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
     sums = EpochSums.resumed(run.saved.get("partial") if run.saved and epoch == run.start else None)
     clock = PhaseClock(run.device)
-    steps = -(-len(order) // config.batch_size)
-    for step, first in enumerate(range(0, len(order), config.batch_size), 1):
-        if step <= sums.step:  # done before the mid-epoch checkpoint this run resumed from
-            continue
-        indices = order[first : first + config.batch_size].tolist()
-        set_learning_rate(run.optimizer, config, epoch * steps + step - 1, config.epochs * steps)
-        flags = _step(run, clock, sums, indices, f"epoch {epoch + 1}, step {step}")
-        sums.step = step
-        if flags["stop"] or flags["checkpoint"]:
-            _save_mid_epoch(run, epoch, step, sums, stop=flags["stop"])
+    first_steps = range(0, len(order), config.batch_size)
+    steps = len(first_steps)
+    # The steps not done before the mid-epoch checkpoint this run resumed from, their batches read ahead.
+    todo = [(step, order[first : first + config.batch_size].tolist()) for step, first in enumerate(first_steps, 1)]
+    todo = todo[sums.step :]
+    batches = prefetched_batches(run.train_set, [b for _, b in todo], run.sharding, run.device, config.prefetch)
+    with batches:
+        for step, indices in todo:
+            set_learning_rate(run.optimizer, config, epoch * steps + step - 1, config.epochs * steps)
+            flags = _step(run, clock, sums, indices, batches, f"epoch {epoch + 1}, step {step}")
+            sums.step = step
+            if flags["stop"] or flags["checkpoint"]:
+                _save_mid_epoch(run, epoch, step, sums, stop=flags["stop"])
     return _end_epoch(run, bar, epoch, sums, clock, began)
 
 
-def _step(run: Run, clock: PhaseClock, sums: EpochSums, indices: list[int], at: str) -> dict[str, bool]:
-    """One step on the training trajectories ``indices`` (``at``: its epoch and step): forward, backward,
-    the flags the ranks agree on (``step_flags``, returned), then the optimizer step; a non-finite loss or
-    gradient norm raises NonFiniteError before it, or (``--on-nan skip-batch``) skips it. Adds to ``sums``."""
+def _step(
+    run: Run, clock: PhaseClock, sums: EpochSums, indices: list[int], batches: Prefetch, at: str
+) -> dict[str, bool]:
+    """One step on the training trajectories ``indices`` (``at``: its epoch and step), read by ``batches``'
+    next ``take()``: forward, backward, the flags the ranks agree on (``step_flags``, returned), then the
+    optimizer step; a non-finite loss or gradient norm raises NonFiniteError before it, or (``--on-nan
+    skip-batch``) skips it. Adds to ``sums``. A failed read raises its DataError here, in the data phase."""
     model, optimizer = run.model, run.optimizer
     with run.timeouts("step", at):
         with clock("data"):
-            x, y = load_batch(run.train_set, indices, run.sharding, run.device)
+            x, y = batch_input(run.train_set, batches.take(), len(indices), run.sharding, run.device)
         with clock("forward"):
             # This rank's share of the global batch's loss: the ranks' losses sum to it.
             pred = local_block(model(x))
@@ -183,7 +190,7 @@ def _end_epoch(
     # The last epoch's test pass also gives PDEBench's metrics of the final model.
     final = pdebench_metrics(run.test_set, device) if epoch == config.epochs - 1 else None
     with clock("test"), run.timeouts("test", f"epoch {epoch + 1}, the test pass"):
-        test_l2 = relative_l2(run.model, run.test_set, run.sharding, config.batch_size, device, final)
+        test_l2 = relative_l2(run.model, run.test_set, run.sharding, config.batch_size, device, final, config.prefetch)
     seconds = time.perf_counter() - began
     row = dict(
         epoch=epoch + 1,

@@ -21,7 +21,7 @@ from drift.checkpoint import (
     read_meta,
     usable_checkpoint,
 )
-from drift.data import read_layout
+from drift.data import PDEBenchFiles
 from drift.train.config import (
     LEGACY_OPTIONS,
     META_KEYS,
@@ -57,22 +57,41 @@ def check_options(
 
 
 def resumed_data(config: TrainConfig) -> TrainConfig:
-    """``config`` with ``--resume``'s data: the file the run in ``--out`` trained on where ``--data`` is not
-    given. Another file (the data moved, or were mended) must have the run's grid, ConfigError otherwise;
-    it is read with the run's statistics. CheckpointError as ``resume_point`` when none can be resumed."""
+    """``config`` with ``--resume``'s data: where ``--data`` is not given, the files the run in ``--out``
+    trained on, in their recorded order, and its ``--test-data`` where that is not given either; ConfigError
+    naming the first file that is gone or differs in size or modification time from the run's record
+    (its numbering, split and statistics come from the files as they were). Other files given as
+    ``--data`` (the data moved, or were mended) must have the run's grid, ConfigError otherwise; they are
+    read with the run's statistics. CheckpointError as ``resume_point`` when none can be resumed."""
     if not config.resume:
         return config
     _, meta = resume_point(config)
-    trained_on = meta["config"].get("data")
+    saved = meta["config"]
+    trained_on = saved.get("data")
+    # A run trained with a separate test set keeps it: its training set is every trajectory of its data.
+    test_data = config.test_data or (tuple(saved["test_data"]) if saved.get("test_data") else None)
     if config.data is None:
-        return dataclasses.replace(config, data=trained_on)
-    grid = tuple(read_layout(config.data)[2:])
+        recorded = meta.get("files") or {}  # absent in checkpoints of older drift versions
+        changed = PDEBenchFiles.changed_since([*recorded.get("data", []), *(recorded.get("test_data") or [])])
+        if changed is not None:
+            raise ConfigError(
+                f"--resume: {changed}; the run numbered, split and normalised its data as they were: give "
+                "--data (and --test-data) to continue on the files as they are now"
+            )
+        return dataclasses.replace(config, data=as_data(trained_on), test_data=test_data)
+    grid = PDEBenchFiles(config.data).grid
     if grid != tuple(meta["global_shape"]):
+        data = " ".join(map(str, config.data)) if isinstance(config.data, tuple) else config.data
         raise ConfigError(
-            f"--resume continues the run trained on the {tuple(meta['global_shape'])} grid of {trained_on}; "
-            f"--data {config.data} has {grid} (train on it into another --out)"
+            f"--resume continues the run trained on the {tuple(meta['global_shape'])} grid of {as_data(trained_on)}; "
+            f"--data {data} has {grid} (train on it into another --out)"
         )
-    return config
+    return dataclasses.replace(config, test_data=test_data)
+
+
+def as_data(recorded: str | Sequence[str] | None) -> str | tuple[str, ...] | None:
+    """``--data`` as a run records it (a file, or a list of them) in ``TrainConfig``'s form."""
+    return recorded if recorded is None or isinstance(recorded, str) else tuple(recorded)
 
 
 def resume_point(config: TrainConfig) -> tuple[Path, dict]:

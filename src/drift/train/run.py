@@ -15,7 +15,7 @@ import torch
 from drift import comm
 from drift._plan import resolve_device
 from drift.checkpoint import load_newest, mark_fresh
-from drift.data import FIELDS, PDEBench3D, read_layout
+from drift.data import FIELDS, PDEBench3D, PDEBenchFiles
 from drift.nn import FNO
 from drift.stopping import STOPPED, StopSignals
 from drift.timeouts import PhaseTimeouts
@@ -28,7 +28,7 @@ from drift.train.sharding import Sharding, datasets, frame_weights, saved_stats
 
 @dataclass
 class Run:
-    """A run on this rank: its options, signals and phase timeouts, device, data file, mesh, model and
+    """A run on this rank: its options, signals and phase timeouts, device, data files, mesh, model and
     optimizer, the metric rows of its epochs so far (``history``, a resumed run's first), the meta of the
     checkpoint it resumed from (``saved``), its training and test sets, the loss's frame weights (None for
     ``--loss mse``) and when it last wrote a checkpoint (``time.monotonic()``)."""
@@ -37,7 +37,7 @@ class Run:
     stop: StopSignals
     timeouts: PhaseTimeouts
     device: torch.device
-    data: Path
+    data: str | tuple[str, ...]
     sharding: Sharding
     model: FNO
     optimizer: torch.optim.Optimizer
@@ -73,12 +73,17 @@ class Run:
         """A checkpoint every --checkpoint-every minutes (rank 0's clock decides; the ranks agree at a step)."""
         return math.inf if self.config.checkpoint_every is None else 60 * self.config.checkpoint_every
 
+    def test_files(self) -> list[dict] | None:
+        """The record of ``--test-data``'s files (``PDEBenchFiles.record``), None without it."""
+        return self.test_set.files.record() if self.config.test_data else None
+
     def meta(self, epoch: int, sums: EpochSums | None = None) -> dict:
         """A checkpoint's meta: after ``epoch`` whole epochs (and, with ``sums``, steps of the next)."""
         record = dict(
             epoch=epoch,
             world_size=comm.world_size(),
-            config=dataclasses.asdict(self.config) | dict(data=str(self.data)),
+            config=dataclasses.asdict(self.config) | dict(data=self.data),
+            files=dict(data=self.train_set.files.record(), test_data=self.test_files()),
             stats=dataclasses.asdict(self.train_set.stats),
             global_shape=list(self.train_set.global_shape),
             history=self.history,
@@ -93,9 +98,10 @@ def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> R
     ``stats.json``, ``metrics.jsonl`` (a resumed run's rows), no ``stopped.json``."""
     device = resolve_device(config.device)
     rank, out = comm.rank(), Path(config.out)
-    data = Path(config.data) if config.data is not None else default_data_path()
+    data = config.data if config.data is not None else str(default_data_path())
+    files = PDEBenchFiles(data)
     sharding = Sharding.build(config, comm.world_size(), device.type)
-    model = build_model(config, device, sharding, (*read_layout(data)[2:], config.t_out))
+    model = build_model(config, device, sharding, (*files.grid, config.t_out))
     if rank == 0 and config.progress and model.blocks[0].spectral.choice is not None:
         print(f"drift train: method {model.blocks[0].spectral.choice}", flush=True)
     optimizer = make_optimizer(config, model)
@@ -107,7 +113,7 @@ def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> R
 
         _, saved = load_newest(out / "checkpoints", model, optimizer, check=check, keys=META_KEYS)
         history = saved["history"]
-    train_set, test_set = datasets(config, data, saved_stats(saved) if saved else None, sharding)
+    train_set, test_set = datasets(config, files, saved_stats(saved) if saved else None, sharding)
     if rank == 0 and not config.resume:  # the data are good: from here on an older run's checkpoints are not ours
         mark_fresh(out / "checkpoints")
     if rank == 0:

@@ -1,20 +1,22 @@
 """Where a run's tensors live and what each rank reads: the device mesh and placements (``Sharding``),
-the model's inputs and targets, a batch's share and block on this rank, the sums over all ranks, and the
-training and test sets with their statistics and the loss's frame weights."""
+the model's inputs and targets, a batch's share and block on this rank (read straight into the batch's
+tensors, ahead of the step that needs it), the sums over all ranks, and the training and test sets with
+their statistics and the loss's frame weights."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from drift import comm
-from drift.data import PDEBench3D, Stats, read_layout
+from drift.data import PDEBench3D, PDEBenchFiles, Prefetch, Stats
+from drift.data.dataset import frames_tensor
+from drift.data.files import Data
 from drift.launch import GROUP_TIMEOUT_S
 from drift.layout import chunk_slice, device_mesh, to_dtensor
 from drift.train.checks import check_split, spatial_grid
@@ -79,20 +81,60 @@ def model_target(y: torch.Tensor) -> torch.Tensor:
     return y.movedim(2, -1)
 
 
+def _on_host(device) -> bool:
+    """Whether a batch bound for ``device`` is assembled into the model's input where it is read: on the
+    CPU (the reader's thread does it, off the step's), not for a GPU (its frames cross to the device
+    first, ``t_out`` times fewer bytes than the input they expand to)."""
+    return torch.device(device).type == "cpu"
+
+
+def read_batch(
+    dataset: PDEBench3D, indices: Sequence[int], sharding: Sharding, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The host's part of a batch: this rank's share of the trajectories ``indices`` (``Sharding.share``),
+    its block of each read straight into new CPU tensors ``(share, fields, t_in, *block)`` and ``(share,
+    fields, t_out, *block)`` (``PDEBench3D.read_into``), pinned when ``device`` is a GPU; for the CPU the
+    first then assembled into the model's input ``(share, fields * t_in + 1, *block, t_out)``
+    (``model_input``). A data rank without trajectories in the batch gets empty ones."""
+    share = sharding.share(indices)
+    pin = torch.device(device).type == "cuda"
+    x, y = (
+        frames_tensor((len(share), len(dataset.fields), t, *dataset.local_shape), pin)
+        for t in (dataset.t_in, dataset.t_out)
+    )
+    for b, i in enumerate(share):
+        dataset.read_into(i, x[b], y[b])
+    return (model_input(x, dataset.t_out) if _on_host(device) else x), y
+
+
+def batch_input(
+    dataset: PDEBench3D, batch: tuple[torch.Tensor, torch.Tensor], size: int, sharding: Sharding, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``read_batch`` of a batch of ``size`` trajectories as the model takes it on ``device``: the model
+    input (wrapped) and this rank's target block. For a GPU the frames are copied without blocking (from
+    pinned memory: the copies overlap what the host does next) and assembled there."""
+    x, y = (t.to(device, non_blocking=True) for t in batch)
+    if not _on_host(device):
+        x = model_input(x, dataset.t_out)
+    global_shape = (size, x.shape[1], *dataset.global_shape, dataset.t_out)
+    return sharding.wrap(x, global_shape), model_target(y)
+
+
 def load_batch(
     dataset: PDEBench3D, indices: Sequence[int], sharding: Sharding, device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model input of the trajectories ``indices`` (this rank's share and block of them, wrapped as
-    the model takes it) and this rank's target block."""
-    pairs = [dataset[i] for i in sharding.share(indices)]
-    if pairs:
-        x, y = (torch.stack([p[k] for p in pairs]).to(device) for k in (0, 1))
-    else:  # a data rank without trajectories in this batch still joins the collectives
-        x = torch.empty(0, len(dataset.fields), dataset.t_in, *dataset.local_shape, device=device)
-        y = torch.empty(0, len(dataset.fields), dataset.t_out, *dataset.local_shape, device=device)
-    x = model_input(x, dataset.t_out)
-    global_shape = (len(indices), x.shape[1], *dataset.global_shape, dataset.t_out)
-    return sharding.wrap(x, global_shape), model_target(y)
+    the model takes it) and this rank's target block: ``read_batch`` then ``batch_input``."""
+    return batch_input(dataset, read_batch(dataset, indices, sharding, device), len(indices), sharding, device)
+
+
+def prefetched_batches(
+    dataset: PDEBench3D, batches: Sequence[Sequence[int]], sharding: Sharding, device, ahead: bool = True
+) -> Prefetch:
+    """A ``Prefetch`` of ``read_batch`` over ``batches`` (lists of trajectory indices) in order: while the
+    caller works on one batch the next is read in a background thread (``ahead``; else each in ``take()``).
+    Host memory: at most two batches of this rank's blocks at once (the one taken and the next)."""
+    return Prefetch(lambda indices: read_batch(dataset, indices, sharding, device), batches, ahead=ahead)
 
 
 def global_sum(t: torch.Tensor) -> torch.Tensor:
@@ -132,13 +174,29 @@ def saved_stats(meta: dict) -> Stats:
 
 
 def datasets(
-    config: TrainConfig, data: Path, stats: Stats | None, sharding: Sharding, stride: int = 1
+    config: TrainConfig, data: Data | PDEBenchFiles, stats: Stats | None, sharding: Sharding, stride: int = 1
 ) -> tuple[PDEBench3D, PDEBench3D]:
-    """This rank's blocks of ``data``'s training and test sets under ``config.split``, read at ``stride``,
-    normalised with ``stats`` (None: computed from the training trajectories); ConfigError as ``check_split``."""
-    check_split(config.split, read_layout(data)[0], data)
+    """This rank's blocks of the training and test sets, read at ``stride``, normalised with ``stats``
+    (None: computed from the training trajectories). Without ``--test-data`` both are sides of
+    ``data``'s split under ``config.split`` (applied to each file; ConfigError as ``check_split``); with
+    it every trajectory of ``data`` trains and every one of the test files tests."""
+    files = data if isinstance(data, PDEBenchFiles) else PDEBenchFiles(data)
+    if not config.test_data:
+        check_split(config.split, files)
     options = dict(t_in=config.t_in, t_out=config.t_out, stride=stride, split_rule=config.split)
-    where = (sharding.mesh, sharding.field_placements())
-    train_set = PDEBench3D(data, *where, stats=stats, **options)
-    test_set = PDEBench3D(data, *where, split="test", stats=train_set.stats, **options)
-    return train_set, test_set
+    split = "all" if config.test_data else "train"
+    train_set = PDEBench3D(files, sharding.mesh, sharding.field_placements(), split=split, stats=stats, **options)
+    test_files = PDEBenchFiles(config.test_data) if config.test_data else files
+    return train_set, test_dataset(config, test_files, train_set.stats, sharding, stride)
+
+
+def test_dataset(
+    config: TrainConfig, files: PDEBenchFiles, stats: Stats, sharding: Sharding, stride: int = 1
+) -> PDEBench3D:
+    """This rank's blocks of the test set, read at ``stride`` and normalised with ``stats``: every
+    trajectory of ``files`` when they are ``--test-data``'s, else the test side of their split."""
+    options = dict(t_in=config.t_in, t_out=config.t_out, stride=stride, split_rule=config.split)
+    split = "all" if config.test_data else "test"
+    if not config.test_data:
+        check_split(config.split, files)
+    return PDEBench3D(files, sharding.mesh, sharding.field_placements(), split=split, stats=stats, **options)

@@ -26,18 +26,21 @@ from drift.train.sharding import Sharding, saved_stats
 def trained_config(
     checkpoint: str | Path,
     *,
-    data: str | None = None,
+    data: str | Sequence[str] | None = None,
+    test_data: Sequence[str] | None = None,
     method: str | None = None,
     grid: Sequence[int] | None = None,
     data_parallel: int = 1,
 ) -> TrainConfig:
     """The options of the run whose checkpoint ``checkpoint`` names (a run folder, its ``checkpoints``
-    folder or one checkpoint; CheckpointError if none is whole), with this job's ``data`` and ``method``
-    (default: the run's) and rank layout (``grid``, ``data_parallel``; the run's reduction mesh fits its
-    own ranks, so none). Reads files only: no collective."""
+    folder or one checkpoint; CheckpointError if none is whole), with this job's ``data`` (files or
+    folders), ``test_data`` and ``method`` (default: the run's; new ``data`` without ``test_data`` drops
+    the run's test files, so that its split is used) and rank layout (``grid``, ``data_parallel``; the
+    run's reduction mesh fits its own ranks, so none). Reads files only: no collective."""
     meta = read_meta(find_checkpoint(checkpoint), META_KEYS)
     config = config_from(saved_config(meta), grid=grid, data_parallel=data_parallel, reduction=None)
     config.method = method or config.method
+    config.test_data = tuple(test_data) if test_data else None if data else config.test_data
     config.data = data or config.data
     return config
 
@@ -65,7 +68,8 @@ def data_grid(
     do not fit the grid. No collective."""
     stride = resolution_stride(extents, resolution)
     shape = tuple(n // stride for n in extents)
-    option = f"--resolution {resolution}" if resolution else f"--data {config.data}"
+    data = config.data if isinstance(config.data, str) else " ".join(config.data)
+    option = f"--resolution {resolution}" if resolution else f"--data {data}"
     check_resolution(config, shape, world_size, option)
     return shape, stride
 
