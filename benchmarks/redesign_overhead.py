@@ -133,7 +133,7 @@ def _case(text: str) -> tuple:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="the commit to compare against")
+    parser.add_argument("--before", help="the commit to compare against (required)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="results/redesign_overhead.json")
@@ -150,6 +150,8 @@ def main() -> None:
         parse = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
         _worker(what, shape_arg(shape), parse(modes), int(layers), int(repeats))
         return
+    if not args.before:
+        parser.error("--before is required")
     rows = []
     with tempfile.TemporaryDirectory(prefix="drift-before-") as tmp:
         archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, capture_output=True, check=True).stdout

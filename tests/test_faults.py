@@ -44,8 +44,9 @@ import drift.train
 import drift.train.loop
 from drift import comm
 from drift.checkpoint import LOCK, FolderInUse, folder_lock
-from drift.cli import FAILURE_LOG, main
+from drift.cli import main
 from drift.launch import RankError
+from drift.reports import FAILURE_LOG
 from drift.train import TrainConfig, evaluate, train, train_rank
 
 

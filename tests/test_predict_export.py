@@ -118,6 +118,23 @@ def test_predicted_on_four_ranks_equals_one_rank_and_the_model(ranks, run, data,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["four.hdf5", "one.hdf5", "picked.hdf5"]  # no partial files
 
 
+def test_several_files_are_numbered_across_them(ranks, run, data, tmp_path):
+    """``--data a b``: b's trajectories follow a's, as drift train numbers them; the prediction equals the
+    one from the file they were cut from, input frames bit for bit, and records both sources."""
+    source = _fields(data)
+    parts = [tmp_path / "a.hdf5", tmp_path / "b.hdf5"]
+    for path, picked in zip(parts, (slice(0, 1), slice(1, 4)), strict=True):
+        write_pdebench3d(path, {key: source[picked, k] for k, key in enumerate(FIELDS)})
+    whole, split = str(tmp_path / "whole.hdf5"), str(tmp_path / "split.hdf5")
+    options = dict(trajectories=(3, 0, 1), grid=(2, 1, 1))
+    ranks.run(2, _predict, run, data, whole, options)
+    ranks.run(2, _predict, run, [str(p) for p in parts], split, options)
+    assert np.array_equal(_fields(split)[:, :, :T_IN], source[[3, 0, 1], :, :T_IN])
+    _close(_fields(split), _fields(whole))
+    with h5py.File(split, "r") as f:
+        assert json.loads(f.attrs[ATTRIBUTE])["source"] == [str(p.resolve()) for p in parts]
+
+
 def test_a_coarser_resolution_from_input_frames_only(ranks, run, tmp_path):
     # A source of 16^3 holding only the t_in input frames, float64, read at 8^3 by 2 ranks along y: the
     # t-coordinate goes on at the source's step, the input frames keep their dtype and bits.
@@ -176,7 +193,7 @@ def test_predict_command_refuses_to_overwrite_and_names_what_does_not_fit(capsys
         (["--data", data, "--trajectories", "2,9"], "--trajectories 9"),
         (["--data", data, "--trajectories", "1,1"], "--trajectories"),
         (["--data", data, "--grid", "2x1x1"], "--grid 2x1x1"),  # 2 spatial ranks on 1
-        (["--data", data, "--out", data, "--force"], "is the --data file"),
+        (["--data", data, "--out", data, "--force"], "is a --data file"),
         (["--data", data, "--out", str(tmp_path), "--force"], "is a folder"),
     ]
     for args, names in cases:

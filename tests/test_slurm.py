@@ -63,12 +63,15 @@ def _submit(slurm: Slurm, out: Path, data: str, *options: str) -> int:
 
 
 def _requeued(slurm: Slurm, job: int, *changes: str) -> None:
-    """Wait until SLURM holds the requeued ``job`` and the node is idle, then let it start at once (with
-    ``changes``)."""
+    """Wait until SLURM holds the requeued ``job`` and the node is idle, then let it start (with ``changes``)
+    two seconds on: slurmd refuses a job whose credential is no newer, to the second, than the revocation of
+    its first run's ("Job credential revoked"; SLURM itself holds a requeued job for the credentials'
+    lifetime, which the test cuts short)."""
     deadline = time.monotonic() + JOB_S
     while (fields := slurm.job(job))["JobState"] != "PENDING" or fields["Restarts"] == "0" or not slurm.node_idle():
         assert time.monotonic() < deadline and fields["JobState"] not in ("COMPLETED", "FAILED"), fields
         time.sleep(0.5)
+    time.sleep(2)
     slurm.update(job, "StartTime=now", *changes)
 
 

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import json
 import os
 import platform
-import signal
 import sys
-import tempfile
-import time
-import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 import drift
-from drift import comm
+from drift import comm, reports
 from drift.arguments import extents, indices, positive
 from drift.bench.cli import add_parser as add_bench_parser
 
 if TYPE_CHECKING:
-    from drift.launch import RankError
     from drift.stopping import Stopped
     from drift.train import TrainConfig
 
@@ -69,101 +61,6 @@ def _fail(command: str, message: str) -> int:
     return 2
 
 
-def _first_on_host(message: str) -> bool:
-    """Under torchrun, whether this rank is the first of its host to report ``message``: the ranks check
-    the same options and data and meet the same failure, which their host reports once. A marker file
-    per message, job, host and restart (torchrun's environment) in the host's temporary folder decides."""
-    keys = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT")
-    key = hashlib.sha256("\0".join([*(os.environ.get(k, "") for k in keys), message]).encode()).hexdigest()[:20]
-    try:
-        os.close(os.open(Path(tempfile.gettempdir()) / f"drift-reported-{key}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
-
-
-FAILURE_LOG = "failure.log"
-
-
-def _raised(report: str, kinds: tuple[type, ...]) -> bool:
-    """Whether a rank's report (a traceback) ends in one of ``kinds``."""
-    last = report.rstrip().rsplit("\n", 1)[-1]
-    return last.startswith(tuple(f"{kind.__module__}.{kind.__qualname__}:" for kind in kinds))
-
-
-def _forget_failure(out: str) -> None:
-    """Remove the ``failure.log`` of an earlier job in ``out`` (unless a running one holds the folder): the
-    one there then is this job's."""
-    from drift.checkpoint import FolderInUse, check_unlocked
-
-    with contextlib.suppress(OSError, FolderInUse):
-        check_unlocked(out)
-        os.remove(os.path.join(out, FAILURE_LOG))
-
-
-def _rank_failure(exc: RankError, out: str, expected: tuple[type, ...]) -> str:
-    """The error line for a ``RankError`` of ``drift train --nproc N``. A failure other than one of drift's
-    own ``expected`` errors (one line each) writes every failed rank's report to ``<out>/failure.log``,
-    named in the line, and prints the root cause's (the first failed rank's) traceback once; when the log
-    cannot be written the line says why."""
-    if exc.first is None or _raised(exc.reports[exc.first], expected):
-        return str(exc)
-    reports = "".join(f"--- rank {rank} ---\n{report.rstrip()}\n" for rank, report in exc.reports.items())
-    if (problem := _write_log(out, f"{exc}\n{reports}", "w")) is not None:
-        return f"{exc} ({problem})"
-    print(f"rank {exc.first} (the first to fail):\n{exc.reports[exc.first].rstrip()}", file=sys.stderr)
-    return f"{exc} (every rank's report: {os.path.join(out, FAILURE_LOG)})"
-
-
-def _write_log(out: str, text: str, mode: str) -> str | None:
-    """Write (``"w"``) or append (``"a"``) ``text`` to ``<out>/failure.log``: None, or why it could not."""
-    try:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, FAILURE_LOG), mode) as f:
-            f.write(text)
-    except OSError as error:
-        return f"no {FAILURE_LOG}: {error.strerror or error}"
-    return None
-
-
-def _own_failure(out: str, rank: int, attempt: int) -> str:
-    """The error line of torchrun's rank ``rank`` failing inside ``except`` with an error other than one of
-    drift's own: its traceback is printed once here and appended to ``<out>/failure.log`` (every failing
-    rank's, each attempt's), named in the line. Above torchrun's own summary of the failed job."""
-    report = traceback.format_exc()
-    kind, _, message = report.rstrip().rsplit("\n", 1)[-1].partition(": ")
-    line = f"rank {rank} failed: {kind}: {' '.join(message.split())[:500]}"
-    print(report.rstrip(), file=sys.stderr)
-    # Appended: the ranks start apart, so none can tell an earlier job's log from one a peer just wrote.
-    job = os.environ.get("TORCHELASTIC_RUN_ID", "?")
-    header = f"--- rank {rank}, attempt {attempt}, job {job}, {time.strftime('%Y-%m-%d %H:%M:%S')} ---"
-    if (problem := _write_log(out, f"{header}\n{report.rstrip()}\n", "a")) is not None:
-        return f"{line} ({problem})"
-    return f"{line} (every failed rank's report: {os.path.join(out, FAILURE_LOG)})"
-
-
-def _stranded() -> bool:
-    """Whether this torchrun rank's host has lost the job's store while torchrun has restarts left: its
-    agent would try to rejoin and wait for the store without end (in a ``recv`` that no signal ends)."""
-    from drift.cluster import store_answers
-
-    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    return restarts > int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and not store_answers()
-
-
-def _stop_agent(grace_s: float = 5.0) -> None:
-    """End this rank's torchrun agent: SIGTERM, then SIGKILL after ``grace_s`` if it is still there (its main
-    thread may be blocked where Python cannot run a handler)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the agent passes its SIGTERM on to us
-    agent = os.getppid()
-    os.kill(agent, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while os.getppid() == agent and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if os.getppid() == agent:
-        os.kill(agent, signal.SIGKILL)
-
-
 def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool: bool = False) -> Any:
     """Rank 0's ``fn(arg)``: called here for one rank (unless ``pool``), else on ``nproc`` fresh local
     ranks on ``device``."""
@@ -187,7 +84,7 @@ def _train_restarting(config: TrainConfig, restarts: int, expected: tuple[type, 
             return _on_ranks(config.nproc, train_rank, config, config.device, pool)
         except RankError as exc:
             report = exc.reports.get(exc.first, "")
-            if exc.first is None or (_raised(report, expected) and not _raised(report, (PeersLost,))):
+            if exc.first is None or (reports.raised(report, expected) and not reports.raised(report, (PeersLost,))):
                 raise
             config = restarted(config)
             how = "resuming from the latest checkpoint" if config.resume else "from the start"
@@ -250,17 +147,17 @@ def _train(args: argparse.Namespace) -> int:
             except ClusterError as exc:  # every rank knows: one line a host
                 if os.environ.get("LOCAL_RANK", "0") != "0":
                     return 2
-                leave = isinstance(exc, PeersLost) and _stranded()
+                leave = isinstance(exc, PeersLost) and reports.stranded()
                 if not leave:
                     return _fail("train", str(exc))
                 store = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
                 _fail("train", f"{exc}; the job's store at {store} is out of reach too: this host leaves the job")
-                _stop_agent()
+                reports.stop_agent()
                 return 2
             except expected:
                 raise
             except Exception:
-                return _fail("train", _own_failure(config.out, rank, restart_count()))
+                return _fail("train", reports.own_failure(config.out, rank, restart_count()))
             if rank != 0:
                 return EXIT_STOPPED if isinstance(history, Stopped) else 0
         else:
@@ -272,12 +169,12 @@ def _train(args: argparse.Namespace) -> int:
             check_config(config, config.nproc)
             check_fresh_run(config)
             check_unlocked(config.out)  # rank 0 takes the lock; this refuses before any rank starts
-            _forget_failure(config.out)
+            reports.forget_failure(config.out)
             history = _train_restarting(config, args.max_restarts, expected)
     except RankError as exc:
-        return _fail("train", _rank_failure(exc, config.out, expected))
+        return _fail("train", reports.rank_failure(exc, config.out, expected))
     except expected as exc:
-        if launched() and not _first_on_host(str(exc)):
+        if launched() and not reports.first_on_host(str(exc)):
             return 2
         return _fail("train", str(exc))
     if isinstance(history, Stopped):
@@ -699,13 +596,20 @@ def _add_trained_layout(parser: argparse.ArgumentParser) -> None:
 def _add_predict(commands) -> None:
     pr = commands.add_parser(
         "predict",
-        help="write a trained model's predictions for the trajectories of a PDEBench-layout file, in that layout",
+        help="write a trained model's predictions for the trajectories of PDEBench-layout files, in that layout",
         description="For each trajectory: the file's first t_in frames, copied, then the t_out frames the model "
         "predicts from them, de-normalised; on any number of ranks, each reading and writing only its block "
         "(they write in turn into one file, renamed into place at the end).",
     )
     pr.add_argument("checkpoint", metavar="RUN", help="a run folder (its latest checkpoint) or one checkpoint folder")
-    pr.add_argument("--data", required=True, help="PDEBench-layout HDF5 file with at least t_in frames")
+    pr.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="PDEBench-layout HDF5 files or folders of them with at least t_in frames, their trajectories "
+        "numbered across them in the order given (as drift train's)",
+    )
     pr.add_argument("--out", required=True, help="the HDF5 file to write")
     pr.add_argument(
         "--trajectories",

@@ -7,14 +7,14 @@ field: the source's first ``t_in`` frames copied bit for bit (at the resolution 
 trajectory, not the truth's. Its fields keep the source's dtype, its ``x/y/z-coordinate`` are the
 source's at the points read, its ``t-coordinate`` the source's first ``t_in + t_out + 1`` entries
 (continued at the spacing of its last two where the source has fewer), its attributes the source's plus
-``drift_prediction`` (JSON: the checkpoint, its epoch, the source file and trajectories, t_in and t_out).
+``drift_prediction`` (JSON: the checkpoint, its epoch, the source files and trajectories, t_in and t_out).
+The source may be several files (``--data a.hdf5 b.hdf5`` or a folder): their trajectories are numbered
+across them in the order given, as ``drift train`` numbers them, and the output's coordinates, times and
+attributes are the first file's.
 
 Each rank reads, predicts and writes only its block of its share of each batch's trajectories (the
 same mesh as ``drift evaluate``: ``--grid``, ``--data-parallel``); the ranks write in turn into one file
 under a temporary name, renamed at the end (``drift.data.writer``).
-
-The source is one file; ``Source`` is what the prediction asks of it (its trajectories, numbered from
-0, and their blocks), so several files become a ``Source`` numbering the trajectories across them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from drift import comm
-from drift.data import FIELDS, DataError, read_layout
+from drift.data import FIELDS, DataError, PDEBenchFiles
+from drift.data.files import Data
 from drift.data.pdebench import COORDINATES
 from drift.data.writer import OutputError, TurnWriter
 from drift.layout import Layout
@@ -43,36 +44,55 @@ ATTRIBUTE = "drift_prediction"  # the output's attribute recording what predicte
 
 @dataclass(frozen=True)
 class Source:
-    """The PDEBench-layout file a prediction reads: ``trajectories`` of ``frames`` frames on ``extents``
-    (x, y, z) points, its fields stored as ``dtype``. Each read opens the file: no handle is held, none
-    travels between processes."""
+    """The PDEBench-layout files a prediction reads (``drift.data.PDEBenchFiles``: trajectories numbered
+    across them in the order given, the same fields, frames and grid in each), their fields stored as
+    ``dtype`` in every file. The output's coordinates, times and attributes are the first file's."""
 
-    path: Path
-    trajectories: int
-    frames: int
-    extents: tuple[int, ...]
+    files: PDEBenchFiles
     dtype: np.dtype
 
     @classmethod
-    def open(cls, path: str | Path, fields: Sequence[str] = FIELDS) -> Source:
-        """``path``'s layout; DataError naming the file when a field or coordinate is missing or
-        misshapen (``read_layout``) or its ``t-coordinate`` is not a 1-D dataset."""
-        path = Path(path)
-        trajectories, frames, *extents = read_layout(path, fields)
-        with h5py.File(path, "r") as f:
-            dtype = f[fields[0]].dtype
-            if not isinstance(f.get(TIMES), h5py.Dataset) or f[TIMES].ndim != 1:
-                raise DataError(f"{path}: no 1-D dataset {TIMES!r} (the frames' times)")
-        return cls(path, trajectories, frames, tuple(extents), dtype)
+    def open(cls, data: Data, fields: Sequence[str] = FIELDS) -> Source:
+        """The files ``data`` names (a file, a folder, or several of them); DataError naming the file when a
+        field or coordinate is missing or misshapen, the files do not fit together, a file's fields are
+        stored in another dtype than the first's, or its ``t-coordinate`` is not a 1-D dataset."""
+        files = PDEBenchFiles(data, fields)
+        dtypes = []
+        for path in files.paths:
+            with h5py.File(path, "r") as f:
+                dtypes.append(f[fields[0]].dtype)
+                if not isinstance(f.get(TIMES), h5py.Dataset) or f[TIMES].ndim != 1:
+                    raise DataError(f"{path}: no 1-D dataset {TIMES!r} (the frames' times)")
+        for path, dtype in zip(files.paths, dtypes, strict=True):
+            if dtype != dtypes[0]:
+                raise DataError(f"{path}: fields stored as {dtype}, {files.paths[0]}'s as {dtypes[0]}: one dtype")
+        return cls(files, dtypes[0])
+
+    @property
+    def path(self) -> Path:
+        """The first file: the output's coordinates, times and attributes are its."""
+        return self.files.paths[0]
+
+    @property
+    def trajectories(self) -> int:
+        return self.files.trajectories
+
+    @property
+    def frames(self) -> int:
+        return self.files.frames
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        return self.files.grid
+
+    def file_of(self, trajectory: int) -> Path:
+        """The file holding ``trajectory``."""
+        return self.files.paths[self.files.locate(trajectory)[0]]
 
     def read(self, out: np.ndarray, trajectory: int, key: str, frames: slice, slab: tuple[slice, ...]) -> None:
         """Read field ``key``'s ``frames`` of ``trajectory`` at the points ``slab`` selects into ``out`` (C
-        contiguous, of that shape and the file's dtype) as stored."""
-        try:
-            with h5py.File(self.path, "r") as f:
-                f[key].read_direct(out, np.s_[(trajectory, frames, *slab)])
-        except (OSError, KeyError, TypeError) as exc:
-            raise DataError(f"{self.path}: cannot read dataset {key!r} ({exc})") from None
+        contiguous, of that shape and the files' dtype) as stored."""
+        self.files.read(key, trajectory, (frames, *slab), out)
 
     def times(self, count: int) -> np.ndarray:
         """The times of the first ``count`` entries of its ``t-coordinate``, continued at the spacing of
@@ -119,7 +139,7 @@ class Plan:
 
 def plan_prediction(
     checkpoint: str | Path,
-    data: str | Path,
+    data: Data,
     out: str | Path,
     *,
     trajectories: Sequence[int] | None = None,
@@ -136,8 +156,10 @@ def plan_prediction(
     t-coordinate missing, fewer frames than the model's t_in), ConfigError (a resolution, grid or
     trajectory that does not fit), OutputError (``out`` exists without ``force``, is a folder or is the
     source)."""
-    config = trained_config(checkpoint, data=str(data), method=method, grid=grid, data_parallel=data_parallel)
     source = Source.open(data)
+    paths = tuple(map(str, source.files.paths))
+    config = trained_config(checkpoint, data=paths, method=method, grid=grid, data_parallel=data_parallel)
+    data = " ".join(paths)
     if source.frames < config.t_in:
         raise DataError(
             f"{data}: {FIELDS[0]!r} has {source.frames} frames; the model takes its first t_in = {config.t_in} "
@@ -152,8 +174,8 @@ def plan_prediction(
     out = Path(out)
     if out.is_dir():
         raise OutputError(f"--out {out} is a folder: name the file to write")
-    if out.exists() and out.resolve() == source.path.resolve():
-        raise OutputError(f"--out {out} is the --data file: write the prediction elsewhere")
+    if out.exists() and any(out.resolve() == path.resolve() for path in source.files.paths):
+        raise OutputError(f"--out {out} is a --data file: write the prediction elsewhere")
     if out.exists() and not force:
         raise OutputError(f"--out {out} exists: pass --force to replace it")
     return Plan(config, source, out, chosen, shape, stride, force)
@@ -168,7 +190,7 @@ def _provenance(plan: Plan, checkpoint: Path, epoch: int) -> str:
     record = dict(
         checkpoint=str(checkpoint.resolve()),
         epoch=epoch,
-        source=str(plan.source.path.resolve()),
+        source=[str(path.resolve()) for path in plan.source.files.paths],
         trajectories=list(plan.trajectories),
         t_in=plan.config.t_in,
         t_out=plan.config.t_out,
@@ -197,15 +219,15 @@ def _check_finite(plan: Plan, frames: np.ndarray, share: Sequence[int], batch: S
     if bool(bad.any()):
         named = [plan.trajectories[batch[j]] for j in bad.nonzero().flatten().tolist()]
         raise DataError(
-            f"{plan.source.path}: non-finite values (NaN or inf) in the input frames of trajectory "
-            f"{', '.join(map(str, named))}"
+            f"{plan.source.file_of(named[0])}: non-finite values (NaN or inf) in the input frames of trajectory "
+            f"{', '.join(map(str, named))} (numbered across the --data files)"
         )
 
 
 @torch.no_grad()
 def predict(
     checkpoint: str | Path,
-    data: str | Path,
+    data: Data,
     out: str | Path,
     *,
     device="cpu",
