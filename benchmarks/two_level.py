@@ -7,8 +7,9 @@ one launch
 
 1. sends 16 MB from the first host to the second and back (``send``/``recv``): the rate achieved each way;
 2. times the collectives drift uses (reduce-scatter, all-gather, all-to-all; mean of ``--sweep-repeats``
-   calls, slowest rank) over ``--sizes-kib`` on three kinds of group: within a host (every host's group
-   at once), across hosts (one rank a host; every such group at once) and all ranks;
+   calls, or of as many as make 8 MB, slowest rank) over ``--sizes-kib`` on three kinds of group: within
+   a host (every host's group at once), across hosts (one rank a host; every such group at once) and all
+   ranks;
 3. fits ``drift.nn.auto.Machine``'s two levels on the even-numbered sizes (alpha and beta within a host
    from the within-host groups, the link's from the across-host ones; least squares in relative error)
    and predicts the odd-numbered sizes of those groups and every size of the all-rank group, which is
@@ -22,7 +23,9 @@ one launch
 
 The driver then predicts each unoverlapped variant's block forward on the limited link: its computation
 (the forward less its collectives, measured on the unlimited link) plus the fitted model's time of the
-collectives it issued (drift's comm log: kind, bytes, group).
+collectives it issued (drift's comm log: kind, bytes, group), and bounds the ratios any drift variant can
+reach on the limited link: a slower link only adds waits, so drift's fastest forward on the unlimited one is
+a floor. ``--variants`` times only the variants named (e.g. ``dfno 'drift 2x2'``).
 
     sudo python benchmarks/two_level.py [--shape 64x64x32x30] [--rate 1gbit] [--hosts 2 4]
 """
@@ -69,6 +72,11 @@ def variants(per_host: int, hosts: int, overlap: int) -> dict[str, tuple[str, di
     }
 
 
+def _chosen(name: str, chosen: list[str] | None) -> bool:
+    """Whether variant ``name`` is among ``--variants`` (its name with the reduction's shape as "RxC")."""
+    return chosen is None or name in chosen
+
+
 # --- the model: regressors, fit, strides ---------------------------------------------------------
 
 
@@ -77,7 +85,8 @@ def _machine(alpha, beta, link_alpha, link_beta, per_host):
 
     default = Machine.default("cpu")
     hosts = Hosts(per_host, link_alpha, link_beta)
-    return Machine(default.matmul_flops_per_s, default.fft_flops_per_s, alpha, beta, hosts, True)
+    rates = (default.matmul_flops_per_s, default.fft_flops_per_s)
+    return Machine(*rates, alpha, beta, hosts, True, copy_s_per_byte=default.copy_s_per_byte)
 
 
 def _regressors(kind: str, ranks: int, nbytes: float, stride: int, per_host: int) -> list[float]:
@@ -197,10 +206,12 @@ def _sweep(sizes: list[int], repeats: int, per_host: int) -> list[dict]:
 
                 call()
                 dist.barrier()
+                # Small collectives vary most from call to call: at least 8 MB of calls each.
+                calls = max(repeats, (8 << 20) // nbytes)
                 began = time.perf_counter()
-                for _ in range(repeats):
+                for _ in range(calls):
                     call()
-                seconds = torch.tensor((time.perf_counter() - began) / repeats)
+                seconds = torch.tensor((time.perf_counter() - began) / calls)
                 dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
                 whole = per_rank * 4 * size
                 rows.append(dict(group=name, kind=kind, ranks=size, stride=stride, bytes=whole, seconds=float(seconds)))
@@ -259,7 +270,7 @@ def worker(args: argparse.Namespace) -> None:
         model = comm.broadcast_object(fit(sweep, per_host) if comm.rank() == 0 else None)
         terms = (model["alpha_s"], model["beta_s_per_byte"], model["link_alpha_s"], model["link_beta_s_per_byte"])
         machine = _machine(*terms, per_host)
-        named = variants(per_host, hosts, args.overlap)
+        named = {k: v for k, v in variants(per_host, hosts, args.overlap).items() if _chosen(k, args.variants)}
         rows: dict[str, list] = {name: [] for name in named}
         choice = None
         for _ in range(args.rounds):
@@ -279,6 +290,7 @@ def worker(args: argparse.Namespace) -> None:
                         forward_s=forward,
                         step_s=forward + statistics.median(step["backward_s"]) if step else None,
                         collectives_s=summary["phases_s"]["collectives"],
+                        phases_s=summary["phases_s"],
                         wire_bytes=wire,
                         calls=ranks[0]["collectives"],
                     )
@@ -307,6 +319,7 @@ def _launch(hosts, per_host: int, args: argparse.Namespace, result: Path) -> Non
     options += ["--repeats", str(args.repeats), "--rounds", str(args.rounds), "--overlap", str(args.overlap)]
     options += ["--sizes-kib", *map(str, args.sizes_kib), "--sweep-repeats", str(args.sweep_repeats)]
     options += ["--steps"] if args.steps else []
+    options += ["--variants", *args.variants] if args.variants else []
     agents = []
     for i in range(hosts.n):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(hosts.n)]
@@ -375,11 +388,24 @@ def _report(name: str, result: dict, unlimited: dict | None) -> dict:
             f"{pruned_s / forward:4.1f}x, it/drift {forward / drift_s:4.2f}x)"
             f"  across the link {wire / 1e6:7.2f} MB{text}"
         )
+        phases = {k: statistics.median(r["phases_s"][k] for r in rows) for k in rows[0]["phases_s"]}
+        print("      phases (ms, mean over ranks): " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in phases.items()))
+        row["phases_ms"] = {k: v * 1e3 for k, v in phases.items()}
         blocks[variant] = row
     if result["auto"]:
         auto = result["auto"]
         print(f"   auto: {auto['method']} with reduction {auto['reduction']} ({auto['why']})")
-    return dict(rates_mb_s=rates, model=model, held_out=held_out, blocks=blocks, auto=result["auto"])
+    bound = None
+    if unlimited is not None:
+        # A slower link only adds waits: drift's fastest forward on the unlimited link bounds its forward here,
+        # so dfno's and dfno-pruned's times here over it bound the ratios any drift variant can reach.
+        floor = min(_median(rows, "forward_s") for v, rows in unlimited["blocks"].items() if v.startswith("drift"))
+        bound = dict(floor_ms=floor * 1e3, dfno_over=dfno_s / floor, pruned_over=pruned_s / floor)
+        print(
+            f"   bound: drift's fastest forward on the unlimited link, {floor * 1e3:.1f} ms, allows at most "
+            f"dfno/it {bound['dfno_over']:.1f}x, dfno-pruned/it {bound['pruned_over']:.1f}x here"
+        )
+    return dict(rates_mb_s=rates, model=model, held_out=held_out, blocks=blocks, auto=result["auto"], bound=bound)
 
 
 def main() -> None:
@@ -391,6 +417,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4], help="host counts (4 ranks in all)")
     parser.add_argument("--overlap", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", help="only these variants (default: all), e.g. dfno 'drift 2x2'")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", action="store_true", help="also time forward plus backward")
     parser.add_argument("--sizes-kib", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384])

@@ -68,3 +68,34 @@ def test_reduction_choice_takes_the_hosts():
     rs = LINK.alpha_s + 2 * m / 4 * LINK.beta_s_per_byte + ALPHA + m / 2 * BETA
     assert tree["drift"].comm_s == pytest.approx(2 * rs)  # the all-gather mirrors the reduce-scatter
     assert math.isclose(flat["drift"].comm_s, 2 * (3 * LINK.alpha_s + 3 / 4 * m * LINK.beta_s_per_byte))
+
+
+def test_each_level_passes_over_its_buffer():
+    spectrum = 16 * 16 * 16 * 16 * 8
+    channels = dict(in_channels=20, out_channels=20)
+    m = spectrum * 20
+    copy = 4e-10
+    # One rank a host: both levels of (2, 2) cross the link with the bytes of the flat reduction, so only
+    # its latency steps favour it; the pass each level makes over its buffer costs more than they save.
+    one_a_host = Hosts(1, 1e-4, 8e-9)
+    without = Machine(1e10, 1e10, ALPHA, BETA, one_a_host, True)
+    with_copies = Machine(1e10, 1e10, ALPHA, BETA, one_a_host, True, copy_s_per_byte=copy)
+    assert choose_reduction((4, 1), spectrum, **channels, machine=without) == (2, 2)
+    assert choose_reduction((4, 1), spectrum, **channels, machine=with_copies) is None
+    flat = method_costs((64, 64, 32, 30), (8, 8, 8, 16), (4, 1, 1, 1), **channels, machine=with_copies)
+    tree = method_costs(
+        (64, 64, 32, 30), (8, 8, 8, 16), (4, 1, 1, 1), **channels, machine=with_copies, reduction=(2, 2)
+    )
+    flat, tree = ({c.method: c for c in costs} for costs in (flat, tree))
+    plain = {
+        c.method: c for c in method_costs((64, 64, 32, 30), (8, 8, 8, 16), (4, 1, 1, 1), **channels, machine=without)
+    }
+    # A flat level passes over the whole spectrum each way; the tree's levels over it and over its half.
+    assert flat["drift"].comm_s - plain["drift"].comm_s == pytest.approx(2 * m * copy)
+    assert tree["drift"].comm_s - flat["drift"].comm_s == pytest.approx(
+        2 * (m + m / 2) * copy - 2 * m * copy - 2 * one_a_host.alpha_s
+    )
+    # Two ranks a host: the reduction within each host first halves the bytes on the link, which outweighs
+    # its second pass.
+    two_a_host = Machine(1e10, 1e10, ALPHA, BETA, LINK, True, copy_s_per_byte=copy)
+    assert choose_reduction((4, 1), spectrum, **channels, machine=two_a_host) == (2, 2)

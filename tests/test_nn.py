@@ -874,12 +874,15 @@ def test_auto_cost_model_counts_flops_and_bytes():
     assert drift.contraction.best_order(local, kept, True, rows=rows)[1] == forward < inverse
     assert costs["drift"].flops == 3 * forward + 2 * inverse
     assert costs["drift"].bytes_sent == 3 / 4 * (3 + 2) * m * 8
-    alpha, beta = CPU.alpha_s, CPU.beta_s_per_byte
-    assert math.isclose(costs["drift"].comm_s, 2 * 3 * alpha + 3 / 4 * 5 * m * 8 * beta)
+    alpha, beta, copy = CPU.alpha_s, CPU.beta_s_per_byte, CPU.copy_s_per_byte
+    # Each collective's pass over its buffer: the whole spectrum of its channels.
+    assert math.isclose(costs["drift"].comm_s, 2 * 3 * alpha + 3 / 4 * 5 * m * 8 * beta + 5 * m * 8 * copy)
     # dfno-pruned: 1-D FFTs from the last dim, each truncated; all-to-alls of the truncated field.
     lines = 32 * 16 * 2.5 * 12 * math.log2(12) + 32 * 5 * 5 * 16 * math.log2(16) + 6 * 5 * 5 * 32 * math.log2(32)
     assert math.isclose(costs["dfno-pruned"].flops, 5 * lines / 4)
     assert math.isclose(costs["dfno-pruned"].bytes_sent, 3 / 4 * 5 * 32 * 6 * 5 * 8 / 4)
+    block = 5 * 32 * 6 * 5 * 8 / 4  # each rank's block of both all-to-alls
+    assert math.isclose(costs["dfno-pruned"].comm_s, 2 * 3 * alpha + 3 / 4 * block * beta + block * copy)
 
 
 def test_auto_on_one_device_computes_the_chosen_method():

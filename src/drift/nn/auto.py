@@ -7,11 +7,13 @@ inverse of ``out`` channels; the channel mixing is the same for every method and
   and the inverse's, ``drift.truncated.best_order`` with their copy weights), at the machine's matmul
   rate; one reduce-scatter of the ``in x M`` spectrum per split dim and one all-gather of the ``out x M``
   one back (``Machine.collective_s``), one per level of its reduction mesh when it has one
-  (``choose_reduction`` finds the fastest).
+  (``choose_reduction`` finds the fastest); each level also passes over its buffer on the rank (its
+  blocks laid out for the level's group, a reduce-scatter's received parts summed) at the machine's
+  copy rate, which is what a reduction of the same bytes in more levels costs beyond its latency steps.
 - "dfno-pruned": 1-D FFTs dim by dim from the last, each truncated to its kept modes before the next
   (2.5 n log2 n FLOPs per real line of n, 5 n log2 n per complex one), split evenly over the ranks, at
   the machine's FFT rate; per split dim one all-to-all each way of the field with every other dim
-  already truncated.
+  already truncated, and its pass over the buffer (packing) at the copy rate.
 
 "dfno" (Grady et al.'s baseline, which moves the whole field) is never faster than "dfno-pruned" and
 is not a candidate.
@@ -56,7 +58,8 @@ class Machine:
     per complex line of n), seconds per collective latency step (alpha) and per byte a rank sends (beta)
     between ranks of a host; ``hosts``: the hosts and the links between them (None: one host);
     ``pairwise_reduce_scatter``: drift's reduce-scatter runs as an all-to-all and a local sum (on CPU
-    ranks, ``drift.comm``), not as a ring."""
+    ranks, ``drift.comm``), not as a ring; ``copy_s_per_byte``: seconds per byte of the pass a rank makes
+    over a collective's buffer (laying out its blocks, summing the parts it received)."""
 
     matmul_flops_per_s: float
     fft_flops_per_s: float
@@ -64,6 +67,7 @@ class Machine:
     beta_s_per_byte: float
     hosts: Hosts | None = None
     pairwise_reduce_scatter: bool = False
+    copy_s_per_byte: float = 0.0
 
     @classmethod
     def default(cls, device_type: str = "cpu") -> Machine:
@@ -73,16 +77,18 @@ class Machine:
         cuFFT, memory bound, taken at a quarter of the partial DFTs' rate: not measured here, so
         ``measure`` on the GPU where it matters). One host: give ``hosts`` for several."""
         if device_type == "cuda":
-            return cls(7.8e11, 1.95e11, 1.65e-4, 1.53e-10)
-        return cls(5e10, 5e9, 1e-3, 1.5e-9, pairwise_reduce_scatter=True)
+            return cls(7.8e11, 1.95e11, 1.65e-4, 1.53e-10, copy_s_per_byte=1e-12)
+        # A copy into a fresh buffer at 2.5 GB/s: one of two ranks sharing a core.
+        return cls(5e10, 5e9, 1e-3, 1.5e-9, pairwise_reduce_scatter=True, copy_s_per_byte=4e-10)
 
     @classmethod
     def measure(
         cls, device: torch.device | str = "cpu", *, alpha_s: float, beta_s_per_byte: float, hosts: Hosts | None = None
     ) -> Machine:
-        """The matmul and FFT kernel rates measured here (a thin complex gemm and batched complex FFTs,
-        best of 3), with the given collective terms. Kernel rates leave out the copies and truncations
-        around a plan's FFTs, which ``default`` counts. Measured rates differ between ranks and runs:
+        """The matmul and FFT kernel rates and the copy rate measured here (a thin complex gemm, batched
+        complex FFTs and a transposing copy into a fresh buffer, best of 3), with the given collective
+        terms. Kernel rates leave out the copies and truncations around a plan's FFTs, which ``default``
+        counts. Measured rates differ between ranks and runs:
         measure on one rank and give every rank the same ``Machine``."""
         device = torch.device(device)
         a = torch.randn(4096, 256, dtype=torch.complex64, device=device)
@@ -90,7 +96,10 @@ class Machine:
         lines = torch.randn(4096, 256, dtype=torch.complex64, device=device)
         matmul = _best_seconds(lambda: a @ b, device) / (8 * 4096 * 256 * 16)
         fft = _best_seconds(lambda: torch.fft.fft(lines), device) / (5 * 4096 * 256 * math.log2(256))
-        return cls(1 / matmul, 1 / fft, alpha_s, beta_s_per_byte, hosts, pairwise_reduce_scatter=device.type == "cpu")
+        blocks = lines.view(64, 4, -1)
+        copy = _best_seconds(lambda: blocks.movedim(1, 0).contiguous(), device) / (lines.numel() * lines.element_size())
+        pairwise = device.type == "cpu"
+        return cls(1 / matmul, 1 / fft, alpha_s, beta_s_per_byte, hosts, pairwise, copy_s_per_byte=copy)
 
     def collective_s(self, kind: str, ranks: int, nbytes: float, stride: int = 1) -> float:
         """Seconds of one collective over a group of ``ranks`` ranks ``stride`` apart (a mesh dim's group,
@@ -194,7 +203,7 @@ def _drift_comm(machine: Machine, levels, in_channels: int, out_channels: int, s
         for kind, channels in (("reduce_scatter", in_channels), ("all_gather", out_channels)):
             nbytes = channels * spectrum_bytes / share
             for ranks, stride in reversed(dim):  # the all-gather mirrors the reduce-scatter's sizes
-                seconds += machine.collective_s(kind, ranks, nbytes, stride)
+                seconds += machine.collective_s(kind, ranks, nbytes, stride) + nbytes * machine.copy_s_per_byte
                 sent += (ranks - 1) / ranks * nbytes
                 nbytes /= ranks
         share *= math.prod(ranks for ranks, _ in dim)
@@ -271,7 +280,7 @@ def pruned_dfno_cost(problem: Problem) -> MethodCost:
     for ((q, stride),) in reduction_levels(p.parts):
         for c in (p.in_channels, p.out_channels):
             nbytes = c * moved * p.complex_bytes / ranks  # each rank's block, (q - 1) / q of it sent
-            seconds += machine.collective_s("all_to_all", q, nbytes, stride)
+            seconds += machine.collective_s("all_to_all", q, nbytes, stride) + nbytes * machine.copy_s_per_byte
             sent += (q - 1) / q * nbytes
     return MethodCost("dfno-pruned", flops, sent, flops / machine.fft_flops_per_s, seconds)
 
