@@ -538,8 +538,6 @@ def _add_train(commands) -> None:
 
 
 def _add_evaluate(commands) -> None:
-    from drift.nn import METHODS
-
     ev = commands.add_parser(
         "evaluate",
         help="relative L2 and PDEBench's metrics of a trained checkpoint on its run's test split, on any number "
@@ -559,17 +557,7 @@ def _add_evaluate(commands) -> None:
         metavar="FILE",
         help="evaluate on every trajectory of these files or folders instead",
     )
-    ev.add_argument(
-        "--resolution",
-        type=positive(int),
-        metavar="R",
-        help="read the data at R points per spatial dim (every N/R-th point of its N; default: all of them)",
-    )
-    ev.add_argument("--method", choices=(*METHODS, "auto"), help="spectral convolution (default: the run's)")
-    ev.add_argument("--grid", type=_grid, help="spatial ranks per spatial dim (default: a slab)")
-    ev.add_argument("--data-parallel", type=positive(int), default=1, metavar="D", help="data-parallel ranks")
-    ev.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")
-    ev.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    _add_trained_layout(ev)
     ev.add_argument("--batch-size", type=positive(int), default=2)
     ev.add_argument("--json", help="also write the result to this JSON file")
     ev.set_defaults(run=_evaluate)

@@ -381,6 +381,11 @@ def dtensor_layout(x: DTensor, d: int, *, batch_axes_ok: bool) -> tuple[Layout, 
     return layout, tuple(data_axes)
 
 
+def local_block(t: torch.Tensor) -> torch.Tensor:
+    """This rank's block of ``t``: a DTensor's local tensor, else ``t`` itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def to_dtensor(local: torch.Tensor, mesh, placements: Sequence, global_shape: Sequence[int]) -> DTensor:
     """``DTensor.from_local`` with the global shape given (uneven shards) and no check collective."""
     shape = torch.Size(global_shape)

@@ -36,7 +36,6 @@ from drift.data.writer import OutputError, TurnWriter
 from drift.layout import Layout
 from drift.predictor import Predictor
 from drift.train import ConfigError, TrainConfig, data_grid, load_trained, trained_config
-from drift.train.sharding import global_sum
 
 TIMES = "t-coordinate"
 ATTRIBUTE = "drift_prediction"  # the output's attribute recording what predicted it
@@ -215,7 +214,7 @@ def _check_finite(plan: Plan, frames: np.ndarray, share: Sequence[int], batch: S
     bad = torch.zeros(len(batch), dtype=torch.float64)
     for j, i in enumerate(share):
         bad[batch.index(i)] = float(frames[j].size - np.count_nonzero(np.isfinite(frames[j])))
-    bad = global_sum(bad)
+    bad = comm.all_reduce(bad)
     if bool(bad.any()):
         named = [plan.trajectories[batch[j]] for j in bad.nonzero().flatten().tolist()]
         raise DataError(

@@ -9,9 +9,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from drift.data import Stats
+from drift.data import Stats, model_input
+from drift.layout import local_block
 from drift.nn import FNO
-from drift.train.sharding import local_block, model_input
 
 
 class Predictor(nn.Module):
@@ -20,7 +20,7 @@ class Predictor(nn.Module):
     ``forward(frames)``: ``frames`` ``(batch, fields, t_in, x, y, z)``, the first ``t_in`` frames of each
     trajectory's fields (``stats.fields``, in that order) in physical units, any float dtype, on the
     model's device: each field normalised with ``stats`` (``(frames - mean) / std``, in float32, as
-    ``drift.data.PDEBench3D`` reads), assembled into the model's input (``drift.train.model_input``: the
+    ``drift.data.PDEBench3D`` reads), assembled into the model's input (``drift.data.model_input``: the
     ``fields x t_in`` frames, field-major, each repeated along the ``t_out`` time points, then ``t / t_out``
     for t = 1..t_out) and returned as the ``t_out`` predicted frames ``(batch, fields, t_out, x, y, z)``,
     float32, de-normalised (``y * std + mean``). Any grid the model's modes fit.

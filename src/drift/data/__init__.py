@@ -1,6 +1,7 @@
 """Data sets: PDEBench's 3D compressible Navier-Stokes layout (one file or several), a solver that writes
 it, and reading batches ahead of the step that needs them."""
 
+from drift.data.assembly import model_input, model_target
 from drift.data.dataset import PDEBench3D
 from drift.data.files import PDEBenchFiles, data_paths
 from drift.data.navier_stokes import generate
@@ -24,6 +25,8 @@ __all__ = [
     "Prefetch",
     "Stats",
     "data_paths",
+    "model_input",
+    "model_target",
     "generate",
     "read_layout",
     "held_out_trajectories",

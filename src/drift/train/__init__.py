@@ -53,6 +53,7 @@ module that calls it (``drift.train.loop.save_checkpoint``), except ``train_rank
 looks up here when it starts its ranks.
 """
 
+from drift.data import model_input, model_target
 from drift.train.checks import (
     check_config,
     check_reduction,
@@ -98,7 +99,7 @@ from drift.train.resume import (
     slurm_requeued,
 )
 from drift.train.schedule import learning_rate, set_learning_rate
-from drift.train.sharding import Sharding, frame_weights, model_input, model_target
+from drift.train.sharding import Sharding, frame_weights
 from drift.train.trained import Trained, data_grid, load_trained, resolution_stride, trained_config
 
 __all__ = [

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from drift import comm
+from drift.layout import local_block
 from drift.nn import FNO
-from drift.train.sharding import global_sum, local_block
 
 
 class PhaseClock:
@@ -44,7 +44,7 @@ def step_flags(loss: torch.Tensor, model: FNO, stop: bool, checkpoint: bool) -> 
     norms = [torch.linalg.vector_norm(local_block(p.grad)).double() for p in model.parameters() if p.grad is not None]
     local = [~torch.isfinite(loss.detach()), ~torch.isfinite(torch.stack(norms).sum())]
     flags = torch.stack([*local, *(torch.tensor(f, device=loss.device) for f in (stop, checkpoint))]).double()
-    return {name: bool(flag) for name, flag in zip(_FLAGS, global_sum(flags).tolist(), strict=True)}
+    return {name: bool(flag) for name, flag in zip(_FLAGS, comm.all_reduce(flags).tolist(), strict=True)}
 
 
 @dataclass

@@ -12,9 +12,10 @@ import torch
 
 from drift import comm
 from drift.data import PDEBench3D, PDEBenchFiles
+from drift.layout import local_block
 from drift.metrics import PDEBenchMetrics
 from drift.nn import FNO
-from drift.train.sharding import Sharding, batch_input, global_sum, local_block, prefetched_batches, test_dataset
+from drift.train.sharding import Sharding, batch_input, prefetched_batches, test_dataset
 from drift.train.trained import data_grid, load_trained, trained_config
 
 
@@ -51,7 +52,7 @@ def relative_l2(
             sums[sharding.share(indices)] += torch.stack([err, y.square().flatten(1).sum(1, dtype=torch.float64)], 1)
             if pdebench is not None:
                 pdebench.update(pred.double() * std + mean, y.double() * std + mean, sharding.share(indices))
-    total = global_sum(sums)
+    total = comm.all_reduce(sums)
     return float((total[:, 0] / total[:, 1]).sqrt().mean())
 
 

@@ -21,6 +21,7 @@ from drift.checkpoint import save_checkpoint
 from drift.cluster import Cluster, PeersLost, describe
 from drift.data import Prefetch
 from drift.launch import process_group, rank_device
+from drift.layout import local_block
 from drift.metrics import PDEBenchMetrics
 from drift.stopping import STOPPED, Stopped, StopSignals
 from drift.timeouts import PhaseTimeouts
@@ -32,7 +33,7 @@ from drift.train.plots import save_plots
 from drift.train.resume import newest_checkpoint, one_writer
 from drift.train.run import Run, set_up
 from drift.train.schedule import set_learning_rate
-from drift.train.sharding import batch_input, global_sum, local_block, prefetched_batches
+from drift.train.sharding import batch_input, prefetched_batches
 
 
 class NonFiniteError(RuntimeError):
@@ -186,7 +187,7 @@ def _end_epoch(
     config, device = run.config, run.device
     if not sums.trained:
         raise NonFiniteError(f"epoch {epoch + 1}: every batch had a non-finite loss or gradient norm")
-    train_loss = float(global_sum(torch.tensor(sums.total, dtype=torch.float64, device=device))) / sums.trained
+    train_loss = float(comm.all_reduce(torch.tensor(sums.total, dtype=torch.float64, device=device))) / sums.trained
     # The last epoch's test pass also gives PDEBench's metrics of the final model.
     final = pdebench_metrics(run.test_set, device) if epoch == config.epochs - 1 else None
     with clock("test"), run.timeouts("test", f"epoch {epoch + 1}, the test pass"):
@@ -207,7 +208,7 @@ def _end_epoch(
     if run.rank == 0:
         _report(run, bar, row)
     # A signal during the test pass or the write: stop now, on this epoch's checkpoint.
-    if epoch + 1 < config.epochs and global_sum(torch.tensor(float(run.stop.received is not None), device=device)):
+    if epoch + 1 < config.epochs and comm.all_reduce(torch.tensor(float(run.stop.received is not None), device=device)):
         raise _stopped(run.out, run.stop.received, path, epoch + 1, None)
     return final, test_l2
 

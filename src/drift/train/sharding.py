@@ -1,7 +1,7 @@
-"""Where a run's tensors live and what each rank reads: the device mesh and placements (``Sharding``),
-the model's inputs and targets, a batch's share and block on this rank (read straight into the batch's
-tensors, ahead of the step that needs it), the sums over all ranks, and the training and test sets with
-their statistics and the loss's frame weights."""
+"""Where a run's tensors live and what each rank reads: the device mesh and placements (``Sharding``), a
+batch's share and block on this rank (read straight into the batch's tensors, ahead of the step that needs
+it, and assembled as ``drift.data.model_input`` says), and the training and test sets with their statistics
+and the loss's frame weights."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 
 from drift import comm
-from drift.data import PDEBench3D, PDEBenchFiles, Prefetch, Stats
+from drift.data import PDEBench3D, PDEBenchFiles, Prefetch, Stats, model_input, model_target
 from drift.data.dataset import frames_tensor
 from drift.data.files import Data
 from drift.launch import GROUP_TIMEOUT_S
@@ -61,24 +61,6 @@ class Sharding:
     def wrap(self, local: torch.Tensor, global_shape: Sequence[int]) -> torch.Tensor:
         """This rank's block of a model input as the model takes it: a DTensor on a mesh, else itself."""
         return local if self.mesh is None else to_dtensor(local, self.mesh, self.placements, global_shape)
-
-
-def local_block(t: torch.Tensor) -> torch.Tensor:
-    """This rank's block of ``t``: a DTensor's local tensor, else ``t`` itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def model_input(x: torch.Tensor, t_out: int) -> torch.Tensor:
-    """``(batch, fields, t_in, *block)`` input frames -> the FNO's ``(batch, fields * t_in + 1, *block, t_out)``."""
-    b, f, t_in, *block = x.shape
-    frames = x.reshape(b, f * t_in, *block, 1).expand(-1, -1, *block, t_out)
-    t = torch.arange(1, t_out + 1, dtype=x.dtype, device=x.device) / t_out
-    return torch.cat([frames, t.expand(b, 1, *block, t_out)], dim=1)
-
-
-def model_target(y: torch.Tensor) -> torch.Tensor:
-    """``(batch, fields, t_out, *block)`` target frames -> the FNO's ``(batch, fields, *block, t_out)``."""
-    return y.movedim(2, -1)
 
 
 def _on_host(device) -> bool:
@@ -137,11 +119,6 @@ def prefetched_batches(
     return Prefetch(lambda indices: read_batch(dataset, indices, sharding, device), batches, ahead=ahead)
 
 
-def global_sum(t: torch.Tensor) -> torch.Tensor:
-    """``t`` summed over every rank (one all-reduce; ``t`` itself on one rank)."""
-    return comm.all_reduce(t) if comm.world_size() > 1 else t
-
-
 def frame_weights(dataset: PDEBench3D, data_parallel: int, device) -> torch.Tensor:
     """``--loss frame-weighted``'s weights ``(1, fields, 1, 1, 1, t_out)``: per field and predicted frame,
     the inverse of the normalised target's variance over ``dataset``'s trajectories and points, scaled to
@@ -153,7 +130,7 @@ def frame_weights(dataset: PDEBench3D, data_parallel: int, device) -> torch.Tens
         y = dataset[i][1].to(device=device, dtype=torch.float64)  # (fields, t_out, *block)
         sums[0] += y.sum(tuple(range(2, y.dim())))
         sums[1] += y.square().sum(tuple(range(2, y.dim())))
-    sums = global_sum(sums) / (data_parallel * len(dataset) * math.prod(dataset.global_shape))
+    sums = comm.all_reduce(sums) / (data_parallel * len(dataset) * math.prod(dataset.global_shape))
     variance = sums[1] - sums[0].square()
     # Rounding leaves a constant frame a variance of order 1e-16 of its mean square, not 0.
     constant = variance <= 1e-10 * sums[1]
