@@ -373,8 +373,11 @@ def _report(name: str, result: dict, unlimited: dict | None) -> dict:
             if "overlap" not in variant and variant != "auto":
                 calls = rows[0]["calls"]
                 strides = call_strides(calls, per_host, world)
+                # The comm log holds what a rank hands in (an all-gather's one share); the model takes
+                # the whole buffer.
                 comm_s = sum(
-                    predict(model, k, s, b, st, per_host) for (k, b, s), st in zip(calls, strides, strict=True)
+                    predict(model, k, s, b * s if k == "all_gather" else b, st, per_host)
+                    for (k, b, s), st in zip(calls, strides, strict=True)
                 )
                 compute = statistics.median(r["forward_s"] - r["collectives_s"] for r in unlimited["blocks"][variant])
                 row["predicted_ms"] = (compute + comm_s) * 1e3
