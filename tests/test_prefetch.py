@@ -139,6 +139,41 @@ def test_a_failed_read_stops_the_run_on_the_step_that_needs_it(capsys, monkeypat
     assert reads == ([False] * 3 if prefetch else [True] * 3)
 
 
+def test_the_next_epochs_first_batch_is_read_during_an_epochs_end(monkeypatch, data, tmp_path):
+    """Epoch 1's checkpoint is written while epoch 2's first batch is read (started during epoch 1's last
+    step, in the background), and no training batch is read twice."""
+    real_read, real_rate, real_save = (
+        drift.train.sharding.read_batch,
+        drift.train.loop.set_learning_rate,
+        drift.train.loop.save_checkpoint,
+    )
+    started, steps, at_save = [], [], []
+
+    def read(dataset, indices, *args):
+        started.append((dataset, threading.current_thread() is threading.main_thread()))
+        if dataset is started[0][0]:  # the training set (the test pass reads its own)
+            began[sum(d is dataset for d, _ in started) - 1].set()
+        return real_read(dataset, indices, *args)
+
+    def rate(optimizer, config, step, steps_total):
+        steps.append(step)
+        real_rate(optimizer, config, step, steps_total)
+
+    def save(*args, **kwargs):
+        if not at_save:  # epoch 1's: has the read of epoch 2's first batch (read number len(steps) + 1) begun?
+            at_save.append((len(steps), began[len(steps)].wait(HANG_S)))
+        return real_save(*args, **kwargs)
+
+    began = [threading.Event() for _ in range(64)]
+    monkeypatch.setattr(drift.train.sharding, "read_batch", read)
+    monkeypatch.setattr(drift.train.loop, "set_learning_rate", rate)
+    monkeypatch.setattr(drift.train.loop, "save_checkpoint", save)
+    train(train_config(data, tmp_path / "run", batch_size=1, epochs=2))
+    (per_epoch, read_ahead), total = at_save[0], len(steps)
+    assert read_ahead and per_epoch >= 2 and total == 2 * per_epoch
+    assert sum(d is started[0][0] for d, _ in started) == total and not any(in_main for _, in_main in started)
+
+
 def test_a_file_truncated_during_a_run_stops_it_with_one_line_and_keeps_the_checkpoint(
     capsys, monkeypatch, data, tmp_path
 ):
@@ -148,7 +183,7 @@ def test_a_file_truncated_during_a_run_stops_it_with_one_line_and_keeps_the_chec
 
     def save_then_truncate(*args, **kwargs):
         path = real_save(*args, **kwargs)
-        with open(copy, "r+b") as f:  # while the next epoch's first batch is read
+        with open(copy, "r+b") as f:  # epoch 2's first batch was read meanwhile: a later read finds it
             f.truncate(copy.stat().st_size // 2)
         return path
 

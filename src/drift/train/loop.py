@@ -92,8 +92,12 @@ def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> l
     )
     run.last_checkpoint = time.monotonic()
     final = test_l2 = None
-    for epoch in bar:
-        final, test_l2 = _epoch(run, bar, epoch)
+    schedule = {epoch: _steps(run, epoch) for epoch in range(run.start, config.epochs)}
+    # One read ahead across the epochs too: the next epoch's first batch is read during an epoch's end.
+    every = [indices for todo in schedule.values() for _, indices in todo]
+    with prefetched_batches(run.train_set, every, run.sharding, run.device, config.prefetch) as batches:
+        for epoch in bar:
+            final, test_l2 = _epoch(run, bar, epoch, schedule[epoch], batches)
     bar.close()
     if final is not None:
         write_test_metrics(run.out, config.split, run.history[-1]["epoch"], test_l2, final.compute(), config.progress)
@@ -102,27 +106,37 @@ def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> l
     return run.history
 
 
-def _epoch(run: Run, bar: tqdm, epoch: int) -> tuple[PDEBenchMetrics | None, float]:
-    """Epoch ``epoch`` (from 0): its steps not yet done (a resumed run's epoch continues after the
-    mid-epoch checkpoint it resumed from), then its end (``_end_epoch``, whose results it returns)."""
-    config, began = run.config, time.perf_counter()
-    # The same permutation on every rank: each reads its block of its share of the same batches.
+def _resumed_sums(run: Run, epoch: int) -> EpochSums:
+    """Epoch ``epoch``'s sums so far: the mid-epoch checkpoint's this run resumed from, else none."""
+    return EpochSums.resumed(run.saved.get("partial") if run.saved and epoch == run.start else None)
+
+
+def _steps(run: Run, epoch: int) -> list[tuple[int, list[int]]]:
+    """Epoch ``epoch``'s steps not yet done, ``(step from 1, training trajectory indices)``: its batches in
+    a permutation seeded by the epoch (the same on every rank: each reads its block of its share of the
+    same batches), less those done before the mid-epoch checkpoint this run resumed from."""
+    config = run.config
     order = torch.randperm(len(run.train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
-    sums = EpochSums.resumed(run.saved.get("partial") if run.saved and epoch == run.start else None)
-    clock = PhaseClock(run.device)
     first_steps = range(0, len(order), config.batch_size)
-    steps = len(first_steps)
-    # The steps not done before the mid-epoch checkpoint this run resumed from, their batches read ahead.
     todo = [(step, order[first : first + config.batch_size].tolist()) for step, first in enumerate(first_steps, 1)]
-    todo = todo[sums.step :]
-    batches = prefetched_batches(run.train_set, [b for _, b in todo], run.sharding, run.device, config.prefetch)
-    with batches:
-        for step, indices in todo:
-            set_learning_rate(run.optimizer, config, epoch * steps + step - 1, config.epochs * steps)
-            flags = _step(run, clock, sums, indices, batches, f"epoch {epoch + 1}, step {step}")
-            sums.step = step
-            if flags["stop"] or flags["checkpoint"]:
-                _save_mid_epoch(run, epoch, step, sums, stop=flags["stop"])
+    return todo[_resumed_sums(run, epoch).step :]
+
+
+def _epoch(
+    run: Run, bar: tqdm, epoch: int, todo: list[tuple[int, list[int]]], batches: Prefetch
+) -> tuple[PDEBenchMetrics | None, float]:
+    """Epoch ``epoch`` (from 0): its steps ``todo`` (``_steps``), their batches ``batches``' next ones,
+    then its end (``_end_epoch``, whose results it returns)."""
+    config, began = run.config, time.perf_counter()
+    sums = _resumed_sums(run, epoch)
+    clock = PhaseClock(run.device)
+    steps = -(-len(run.train_set) // config.batch_size)
+    for step, indices in todo:
+        set_learning_rate(run.optimizer, config, epoch * steps + step - 1, config.epochs * steps)
+        flags = _step(run, clock, sums, indices, batches, f"epoch {epoch + 1}, step {step}")
+        sums.step = step
+        if flags["stop"] or flags["checkpoint"]:
+            _save_mid_epoch(run, epoch, step, sums, stop=flags["stop"])
     return _end_epoch(run, bar, epoch, sums, clock, began)
 
 
