@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# drift on a CUDA machine, in one go (under 12 minutes): the test suite's device cases on CUDA ranks, then
-# single-GPU benchmarks and a short training run. Needs python3 with torch (CUDA), numpy, h5py, tqdm,
+# drift on a CUDA machine, in one go: the test suite's device cases on CUDA ranks, then single-GPU
+# benchmarks and a short training run, within DRIFT_CHECK_BUDGET_S seconds in all (default 540: a device
+# call lasts at most 600 s). Each step's limit is cut to what is left of the budget, a step with under 20 s
+# left is skipped (and counts as failed), and results.tgz is rewritten after every step, so a run cut short
+# keeps what it measured. Needs python3 with torch (CUDA), numpy, h5py, tqdm,
 # matplotlib, pytest and scipy (what `pip install -e '.[test]'` brings, neuraloperator optional); drift
 # runs from this checkout (no install).
 #
@@ -27,14 +30,24 @@ fi
 mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-status=0
+status=0 budget=${DRIFT_CHECK_BUDGET_S:-540}
+pack() {  # the results so far (no checkpoints)
+    (cd "$work" && find . -name '*.json' -o -name '*.md' | tar -czf "$out/results.tgz" -T -)
+}
 step() {  # step SECONDS NAME COMMAND...: run it, log to $out/NAME.txt, remember a failure
-    local limit=$1 name=$2
+    local limit=$1 name=$2 left=$(( budget - SECONDS - 15 ))  # 15 s for the KILL below and the packing
     shift 2
-    echo "== $name: $*"
-    # SIGINT at the limit, so that pytest still prints the failures so far; KILL 30 s later.
-    timeout -s INT -k 30 "$limit" "$@" > "$out/$name.txt" 2>&1 || { echo "   FAILED (exit $?), see $name.txt"; status=1; }
+    if [ "$left" -lt 20 ]; then
+        echo "== $name: SKIPPED, $(( budget - SECONDS )) s left of the ${budget} s budget"
+        status=1
+        return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+    echo "== $name ($limit s at most): $*"
+    # SIGINT at the limit, so that pytest still prints the failures so far; KILL 10 s later.
+    timeout -s INT -k 10 "$limit" "$@" > "$out/$name.txt" 2>&1 || { echo "   FAILED (exit $?), see $name.txt"; status=1; }
     tail -n 3 "$out/$name.txt"
+    pack
 }
 
 step 30 info python3 -m drift info
@@ -65,6 +78,5 @@ step 90 train python3 -m drift train --device "$device" --nproc 1 --epochs 3 --o
 # the three ways of reading must agree bit for bit (the last line).
 step 240 data python3 benchmarks/data.py --device "$device" --ranks 1 --trajectories 4 --rounds 3 \
     --json "$work/data.json"
-(cd "$work" && find . -name '*.json' -o -name '*.md' | tar -czf "$out/results.tgz" -T -)  # no checkpoints
-echo "logs and results.tgz in $out"
+echo "logs and results.tgz in $out ($SECONDS s)"
 exit $status
