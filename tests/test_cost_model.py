@@ -99,3 +99,11 @@ def test_each_level_passes_over_its_buffer():
     # its second pass.
     two_a_host = Machine(1e10, 1e10, ALPHA, BETA, LINK, True, copy_s_per_byte=copy)
     assert choose_reduction((4, 1), spectrum, **channels, machine=two_a_host) == (2, 2)
+
+
+def test_measure_takes_this_machines_rates_and_the_given_collective_terms():
+    machine = Machine.measure("cpu", alpha_s=ALPHA, beta_s_per_byte=BETA, hosts=LINK)
+    for rate in (machine.matmul_flops_per_s, machine.fft_flops_per_s, 1 / machine.copy_s_per_byte):
+        assert math.isfinite(rate) and rate > 0
+    assert (machine.alpha_s, machine.beta_s_per_byte, machine.hosts) == (ALPHA, BETA, LINK)
+    assert machine.pairwise_reduce_scatter  # drift's CPU reduce-scatter is an all-to-all and a sum
