@@ -73,7 +73,7 @@ def variants(per_host: int, hosts: int, overlap: int) -> dict[str, tuple[str, di
 
 
 def _chosen(name: str, chosen: list[str] | None) -> bool:
-    """Whether variant ``name`` is among ``--variants`` (its name with the reduction's shape as "RxC")."""
+    """Whether variant ``name`` is among ``--variants`` (all of them when None)."""
     return chosen is None or name in chosen
 
 
@@ -429,6 +429,9 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    known = variants(2, 2, args.overlap)  # the same names on 4 hosts of one rank
+    if args.variants and set(args.variants) - set(known):
+        parser.error(f"--variants: no variant {sorted(set(args.variants) - set(known))}; there are {list(known)}")
     if args.worker:
         worker(args)
         return

@@ -92,10 +92,11 @@ def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> l
     )
     run.last_checkpoint = time.monotonic()
     final = test_l2 = None
-    schedule = {epoch: _steps(run, epoch) for epoch in range(run.start, config.epochs)}
-    # One read ahead across the epochs too: the next epoch's first batch is read during an epoch's end.
-    every = [indices for todo in schedule.values() for _, indices in todo]
-    with prefetched_batches(run.train_set, every, run.sharding, run.device, config.prefetch) as batches:
+    schedule = {epoch: _batches(run, epoch) for epoch in range(run.start, config.epochs)}
+    # The steps not done yet, read one ahead across the epochs too: the next epoch's first batch is read
+    # during an epoch's end.
+    todo = [b for epoch, every in schedule.items() for b in every[_resumed_sums(run, epoch).step :]]
+    with prefetched_batches(run.train_set, todo, run.sharding, run.device, config.prefetch) as batches:
         for epoch in bar:
             final, test_l2 = _epoch(run, bar, epoch, schedule[epoch], batches)
     bar.close()
@@ -111,27 +112,25 @@ def _resumed_sums(run: Run, epoch: int) -> EpochSums:
     return EpochSums.resumed(run.saved.get("partial") if run.saved and epoch == run.start else None)
 
 
-def _steps(run: Run, epoch: int) -> list[tuple[int, list[int]]]:
-    """Epoch ``epoch``'s steps not yet done, ``(step from 1, training trajectory indices)``: its batches in
-    a permutation seeded by the epoch (the same on every rank: each reads its block of its share of the
-    same batches), less those done before the mid-epoch checkpoint this run resumed from."""
+def _batches(run: Run, epoch: int) -> list[list[int]]:
+    """Epoch ``epoch``'s batches of training trajectory indices, one a step, in a permutation seeded by the
+    epoch (the same on every rank: each reads its block of its share of the same batches)."""
     config = run.config
     order = torch.randperm(len(run.train_set), generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
-    first_steps = range(0, len(order), config.batch_size)
-    todo = [(step, order[first : first + config.batch_size].tolist()) for step, first in enumerate(first_steps, 1)]
-    return todo[_resumed_sums(run, epoch).step :]
+    return [order[first : first + config.batch_size].tolist() for first in range(0, len(order), config.batch_size)]
 
 
 def _epoch(
-    run: Run, bar: tqdm, epoch: int, todo: list[tuple[int, list[int]]], batches: Prefetch
+    run: Run, bar: tqdm, epoch: int, every: list[list[int]], batches: Prefetch
 ) -> tuple[PDEBenchMetrics | None, float]:
-    """Epoch ``epoch`` (from 0): its steps ``todo`` (``_steps``), their batches ``batches``' next ones,
-    then its end (``_end_epoch``, whose results it returns)."""
+    """Epoch ``epoch`` (from 0): its steps not yet done (a resumed run's epoch continues after the
+    mid-epoch checkpoint it resumed from) on the batches ``every`` (``_batches``), read as ``batches``'
+    next ones, then its end (``_end_epoch``, whose results it returns)."""
     config, began = run.config, time.perf_counter()
     sums = _resumed_sums(run, epoch)
     clock = PhaseClock(run.device)
-    steps = -(-len(run.train_set) // config.batch_size)
-    for step, indices in todo:
+    steps = len(every)
+    for step, indices in enumerate(every[sums.step :], sums.step + 1):
         set_learning_rate(run.optimizer, config, epoch * steps + step - 1, config.epochs * steps)
         flags = _step(run, clock, sums, indices, batches, f"epoch {epoch + 1}, step {step}")
         sums.step = step
