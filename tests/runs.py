@@ -70,10 +70,31 @@ def checkpoint_names(out: Path) -> tuple[list[str], str]:
     return names, latest_checkpoint(root).name
 
 
-def metric_rows(out: Path) -> list[dict]:
-    """A run's ``metrics.jsonl`` rows without their timings (what two equal runs share)."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+def without_times(rows: list[dict]) -> list[dict]:
+    """Metrics rows (a run's history) without their timings: what two equal runs share."""
     return [{k: v for k, v in r.items() if k not in ("seconds", "phase_seconds")} for r in rows]
+
+
+def metric_rows(out: Path) -> list[dict]:
+    """A run's ``metrics.jsonl`` rows without their timings."""
+    return without_times([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
+
+
+# Runs in other processes agree to float32 round-off, not bit for bit: other CPUs and thread counts round
+# the sums in a training step differently (the standards' float32 tolerance, relative).
+ROUND_OFF = 2e-6
+
+
+def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
+    """Two runs' ``metric_rows`` (of other processes: a resumed run, another launch, another mesh of the
+    same sums) agree: the same epochs and counts, their losses and errors to float32 round-off."""
+    assert [r.keys() for r in got] == [r.keys() for r in want], (got, want)
+    for g, w in zip(got, want, strict=True):
+        for key, value in w.items():
+            if isinstance(value, float):
+                assert abs(g[key] - value) <= ROUND_OFF * abs(value), (key, g, w)
+            else:
+                assert g[key] == value, (key, g, w)
 
 
 def fails_with_one_line(capsys, argv, names) -> None:

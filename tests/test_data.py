@@ -137,6 +137,7 @@ def test_big_endian_fields_read_as_native(tmp_path):
         assert f["density"].dtype == np.dtype(">f4")
     want, got = PDEBench3D(native, t_in=2, t_out=4), PDEBench3D(swapped, t_in=2, t_out=4)
     assert got.stats == want.stats
+    # Exact: the same values, swapped to native order on reading, then the same arithmetic in this process.
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1], strict=True))
 
 
@@ -218,12 +219,14 @@ def test_items_equal_an_independent_read_bit_for_bit_and_stay_valid(tmp_path, dt
     for i, t in enumerate(ds.trajectories):
         want = _independent(path, t, slice(0, 6), ds.stats)
         x, y = ds[i]
+        # Exact: one subtraction and one division a value, each correctly rounded (IEEE 754) on every CPU.
         assert np.array_equal(x.numpy(), want[:, :2]) and np.array_equal(y.numpy(), want[:, 2:])
         assert x.is_contiguous() and y.is_contiguous()
     assert all(torch.equal(a, b) for a, b in zip(first, kept, strict=True))  # untouched by the reads since
     x, y = (torch.empty(2, *t.shape) for t in first)
     for b, i in enumerate((3, 1)):
         ds.read_into(i, x[b], y[b])
+    # Exact: one process reads the same values both ways.
     assert torch.equal(x, torch.stack([ds[3][0], ds[1][0]])) and torch.equal(y, torch.stack([ds[3][1], ds[1][1]]))
     with pytest.raises(ValueError, match=r"x must be a contiguous float32 CPU tensor \(5, 2, 12, 10, 9\)"):
         ds.read_into(0, x[0].double(), y[0])

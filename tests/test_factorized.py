@@ -241,7 +241,7 @@ def test_fno_data_x_spatial_step_and_checkpoint(ranks, tmp_path, factorization):
     # The 4-rank checkpoint loads into a model on one process.
     one = _fno(factorization, seed=2)
     load_checkpoint(tmp_path / "ckpt" / "epoch-0001", one)
-    for name, value in results[0][1].items():
+    for name, value in results[0][1].items():  # exact: the checkpoint's stored values read back
         assert torch.equal(one.state_dict()[name], value), name
 
 

@@ -59,6 +59,7 @@ def test_a_folder_reads_as_one_data_set_numbered_in_order(tmp_path):
         for i, t in enumerate(ds.trajectories):
             want = _normalised(whole, t, slice(0, 5), train.stats)
             x, y = ds[i]
+            # Exact: one subtraction and one division a value, correctly rounded (IEEE 754) on every CPU.
             assert np.array_equal(x.numpy(), want[:, :2]) and np.array_equal(y.numpy(), want[:, 2:]), t
     # Files given one by one read the same as their folder; the order given is the numbering.
     listed = PDEBench3D([folder / "part2.hdf5", folder / "part0.hdf5"], t_in=2, t_out=3, split="all")

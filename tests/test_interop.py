@@ -18,7 +18,7 @@ def test_weight_roundtrip_and_kept_set(shape, modes, real):
         stored[-1] = stored[-1] // 2 + 1  # what neuraloperator keeps of its last n_modes entry
     theirs = torch.randn(2, 3, *stored, dtype=torch.complex128)
     ours = from_neuralop_weight(theirs, shape, modes, real)
-    assert torch.equal(to_neuralop_weight(ours, shape, modes, real), theirs)
+    assert torch.equal(to_neuralop_weight(ours, shape, modes, real), theirs)  # exact: values moved, not computed
     if real:  # mode (0, ..., 0) sits at the centre of neuraloperator's leading dims and first in drift's
         centre = tuple(c // 2 for c in stored[:-1]) + (0,)
         zero = (slice(None), slice(None), *([0] * len(shape)))

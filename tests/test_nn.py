@@ -92,6 +92,7 @@ def _check_conv(shape, grid, modes, method, real, dtype):
     layer = SpectralConv(3, 2, modes, method=method, real=real, dtype=dtype, device=device)
     w = layer.weight.detach().cpu().clone()
     torch.manual_seed(5)
+    # Exact: this process draws both; parallelize and load_state_dict then move values, computing none.
     assert torch.equal(w, drift.nn.spectral_weight(3, 2, layer.mode_shape, dtype)), "the seed draws the weight"
     mesh, placements = _mesh(grid)
     parallelize(layer, mesh, placements)
@@ -224,8 +225,8 @@ def test_fno_is_the_same_function_on_every_mesh(ranks, grid, data, method):
         assert rel_err(y, y_ref) <= 1e-12 and rel_err(unrecorded, y_ref) <= 1e-12
         for name, p in single.named_parameters():
             assert rel_err(grads[name], p.grad) <= 1e-12, name
-        for name, value in single.state_dict().items():
-            assert torch.equal(state[name], value), name
+        for name, value in single.state_dict().items():  # drawn in the rank's process: to round-off
+            assert rel_err(state[name], value) <= 1e-12, name
 
 
 def _clipped(grid, data, max_norm, norm_type):
@@ -634,7 +635,7 @@ def test_channel_mixing_and_its_gradients_match_einsum(dtype):
     assert rel_err(y, ref) <= TOL[dtype]
     empty = x[:0].detach().requires_grad_(True)  # a data-parallel rank without a trajectory of the batch
     mix_channels(empty, w).sum().abs().backward()
-    assert empty.grad.shape == empty.shape and torch.equal(w.grad, torch.zeros_like(w))
+    assert empty.grad.shape == empty.shape and torch.equal(w.grad, torch.zeros_like(w))  # no term: exactly 0
     if dtype == torch.float64:
         small = (x[:2, :2, :2].detach().requires_grad_(True), w[:2, :3, :2].detach().requires_grad_(True))
         assert torch.autograd.gradcheck(mix_channels, small) and torch.autograd.gradgradcheck(mix_channels, small)

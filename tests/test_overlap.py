@@ -73,6 +73,7 @@ def _check(shape, grid, reduction, overlap, modes, real, dtype, batch):
     plain_y, plain_gathers = _logged(plain.inverse, xhat[shares[rank]].to(device), True)
     assert rel_err(y, field[(..., *blocks[rank])]) <= tol and rel_err(y, plain_y) <= tol
     out = torch.empty_like(y)
+    # Exact: the same computation in this process, written into ``out``.
     assert plan.inverse(xhat[shares[rank]].to(device), True, out=out) is out and torch.equal(out, y)
 
     for log, plain_log in ((calls, plain_calls), (gathers, plain_gathers)):

@@ -307,7 +307,7 @@ def test_padding_amounts_are_neuraloperators():
             x = random_tensor((1, 1, *shape), torch.float32, 0)
             want = padding.DomainPadding(list(fractions)).pad(x)
             pairs = layer.padding_at(shape)
-            assert torch.equal(explicit_pad(x, pairs), want), (fractions, shape, pairs)
+            assert torch.equal(explicit_pad(x, pairs), want), (fractions, shape, pairs)  # exact: values copied
 
 
 def reference_padded_fno(model: FNO, x: torch.Tensor, fractions, mode) -> torch.Tensor:

@@ -151,6 +151,7 @@ def _parallel_models(reduction):
             assert rel_err(xd.grad.full_tensor(), ref_in.grad) <= 1e-12, rel_err(xd.grad.full_tensor(), ref_in.grad)
         for (name, p), q, r in zip(tree.named_parameters(), flat.parameters(), single.parameters(), strict=True):
             if "weight" in name and p.dim() > 2:  # a spectral weight: sharded alike, whole gradient alike
+                # Exact: both sharded from the same initial weight, values moved, none computed.
                 assert p.placements == q.placements and torch.equal(p.to_local(), q.to_local()), name
                 p_grad, q_grad = p.grad.full_tensor(), q.grad.full_tensor()
             else:

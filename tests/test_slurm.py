@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import TINY, metric_rows, tiny_data
+from runs import TINY, assert_same_metrics, metric_rows, tiny_data
 from slurm import ENDED, Slurm, require_slurm
 
 from drift.cli import main
@@ -92,7 +92,7 @@ def test_a_job_requeued_mid_run_continues_to_the_uninterrupted_metrics(slurm, da
     log = (tmp_path / f"job-{job}.out").read_text()
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
     assert "drift train: stopped by SIGTERM" in log and f"done: {EPOCHS} epochs" in log, log
-    assert metric_rows(out) == whole
+    assert_same_metrics(metric_rows(out), whole)
 
 
 def test_the_time_limit_warning_checkpoints_and_the_job_requeues_itself(slurm, data, whole, tmp_path):
@@ -112,7 +112,7 @@ def test_the_time_limit_warning_checkpoints_and_the_job_requeues_itself(slurm, d
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
     assert "drift train: stopped by SIGUSR1" in log and "requeueing job" in log, log
     assert f"done: {EPOCHS} epochs" in log, log
-    assert metric_rows(out) == whole
+    assert_same_metrics(metric_rows(out), whole)
     assert not (out / "stopped.json").exists()
 
 
@@ -144,5 +144,5 @@ def test_a_cancelled_job_checkpoints_and_is_not_requeued(slurm, data, whole, tmp
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert main(["train", "--data", data, "--out", str(out), "--nproc", "2", "--resume", "auto", *TRAIN]) == 0
     assert _metrics(out)[: len(before)] == before  # resumed: a fresh run would have timed its epochs anew
-    assert metric_rows(out) == whole
+    assert_same_metrics(metric_rows(out), whole)
     assert slurm.job(job)["JobState"] == "CANCELLED"  # and it did not run again meanwhile

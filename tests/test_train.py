@@ -15,7 +15,18 @@ import h5py
 import pytest
 import torch
 from reference import rel_err
-from runs import DEVICE, TINY, fails_with_one_line, png_size, run_training, tiny_data, train_config
+from runs import (
+    DEVICE,
+    ROUND_OFF,
+    TINY,
+    assert_same_metrics,
+    fails_with_one_line,
+    png_size,
+    run_training,
+    tiny_data,
+    train_config,
+    without_times,
+)
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from drift import comm
@@ -69,6 +80,7 @@ def _close(a, b, rtol):
     return all(abs(x - y) <= rtol * abs(y) for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True))
 
 
+@pytest.mark.other_host
 def test_two_ranks_train_like_one(ranks, data, tmp_path):
     one = ranks.run(1, run_training, train_config(data, tmp_path / "p1"))[0]
     two = ranks.run(2, run_training, train_config(data, tmp_path / "p2", plots=True))
@@ -76,13 +88,14 @@ def test_two_ranks_train_like_one(ranks, data, tmp_path):
     # 2 data ranks x 2 spatial: 3 training trajectories in batches of 2, so the last batch leaves a
     # data rank with none (it still joins the collectives).
     mixed = ranks.run(4, run_training, train_config(data, tmp_path / "dp", data_parallel=2))
+    # Exact: every rank reports the same all-reduced sums (a collective's result is the same on each rank).
     assert _losses(two[0]) == _losses(two[1]) and _losses(pencil[0]) == _losses(pencil[3])
     assert all(_losses(r) == _losses(mixed[0]) for r in mixed)
     assert len(one) == 3 and one[-1]["train_loss"] < one[0]["train_loss"]
     assert _close(_losses(two[0]), _losses(one), 1e-5) and _close(_losses(pencil[0]), _losses(one), 1e-5)
     assert _close(_losses(mixed[0]), _losses(one), 1e-5)
     rows = [json.loads(line) for line in (tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()]
-    assert _losses(rows) == _losses(two[0])
+    assert _losses(rows) == _losses(two[0])  # exact: JSON keeps a float's every bit
     # The normalisation the run saved is the training set's, as one process reads it from the file.
     saved, stats = Stats.load(tmp_path / "p2" / "stats.json"), PDEBench3D(data, t_in=2, t_out=4).stats
     assert saved.fields == stats.fields
@@ -164,6 +177,7 @@ def test_drift_and_dfno_train_alike(ranks, data, tmp_path):
         assert _close(_losses(other), _losses(drift), 1e-5), (method, other, drift)
 
 
+@pytest.mark.other_host
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])
 def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path, schedule):
     whole, state = ranks.run(2, _train_then_state, train_config(data, tmp_path / "whole", schedule=schedule))[0]
@@ -180,10 +194,9 @@ def test_resume_reproduces_the_uninterrupted_run(ranks, data, tmp_path, schedule
     assert latest_checkpoint(checkpoints).name == "epoch-0002"
     config = train_config(data, tmp_path / "split", resume=True, schedule=schedule)
     resumed, resumed_state = ranks.run(2, _train_then_state, config)[0]
-    times = ("seconds", "phase_seconds")
-    assert resumed == [dict(r, **{k: s[k] for k in times}) for r, s in zip(whole, resumed, strict=True)]
-    for name, value in state.items():
-        assert torch.equal(resumed_state[name], value), name
+    assert_same_metrics(without_times(resumed), without_times(whole))
+    for name, value in state.items():  # a resumed run: to round-off
+        assert rel_err(resumed_state[name], value) <= ROUND_OFF, name
     rows = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3]
 
@@ -281,7 +294,7 @@ def test_checkpoint_reshards_between_ranks_and_methods(ranks, tmp_path, saved, l
         for name, value in want.items():
             if name == "output":  # another method or layout: the same function up to float32 round-off
                 assert (got[name] - value).abs().max() <= 1e-5 * value.abs().max(), name
-            else:
+            else:  # exact: the checkpoint's stored values read back
                 assert torch.equal(got[name], value), name
 
 
@@ -386,6 +399,7 @@ def test_method_auto_chooses_by_the_data_grid(ranks, data, tmp_path):
     # On 2 ranks the same losses as drift's: it chose drift there too.
     auto = ranks.run(2, run_training, config)[0]
     explicit = ranks.run(2, run_training, dataclasses.replace(config, method="drift", out=str(tmp_path / "drift")))[0]
+    # Exact: the same pool processes, with the same threads, compute both runs (another method differs).
     assert [r["train_loss"] for r in auto] == [r["train_loss"] for r in explicit]
 
 

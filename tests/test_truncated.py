@@ -592,7 +592,7 @@ def test_non_strict_plan_converts_dtype():
     strict = drift.TruncatedFFT((8, 6), (2, 3), dtype=torch.float32)
     loose = drift.TruncatedFFT((8, 6), (2, 3), dtype=torch.float32, strict=False)
     x = torch.randn(8, 6, dtype=torch.float64)
-    assert torch.equal(loose.forward(x), strict.forward(x.float()))
+    assert torch.equal(loose.forward(x), strict.forward(x.float()))  # exact: one process, the same computation
     with pytest.raises(drift.PlanError):
         loose.forward(torch.randn(8, 5))
     with pytest.raises(drift.PlanError):
