@@ -1,7 +1,7 @@
 """Host-side dispatch of one FNO block: the aten calls and kernels a forward (and backward) issues.
 
 On a GPU every operation is a kernel launch plus its dispatch on the host, whatever its size, so a block
-at the sizes drift runs is bound by how many it issues (docs/BENCHMARKS.md, "On one H200 GPU"). This
+at the sizes drift runs is bound by how many it issues (docs/benchmarks/gpu.md, "On one H200 GPU"). This
 script counts them with ``torch.profiler``. On the CPU it runs drift's block at the chunk sizes of each
 device type: the CPU's (cache-sized chunks, a thread's piece of the projection) and a GPU's
 (``WORK_BYTES`` and ``CHUNK_BYTES`` for other devices, one piece); with ``--device cuda``, at that

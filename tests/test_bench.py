@@ -85,9 +85,16 @@ def test_non_negative_least_squares_matches_scipy():
 
 def test_fit_keeps_alpha_and_beta_non_negative():
     # Times falling with size would need a negative beta: the fit drops it and keeps a latency.
-    points = [(2, n, 1e-3 / (1 + i)) for i, n in enumerate((2**16, 2**20, 2**24))]
+    times = [1e-3 / (1 + i) for i in range(3)]
+    points = [(2, n, t) for n, t in zip((2**16, 2**20, 2**24), times, strict=True)]
+    steps, wire = np.array([comm.terms("all_reduce", p, n) for p, n, _ in points]).T
+    assert steps.tolist() == [2.0] * 3 and wire.tolist() == [2**16, 2**20, 2**24]  # 2(P-1) steps, 2(P-1)/P n sent
+    free = np.linalg.lstsq(np.stack([steps, wire], 1) / np.array(times)[:, None], np.ones(3), rcond=None)[0]
+    assert free[1] < 0  # unconstrained, the relative-error fit wants a negative beta
     fit = comm.fit_alpha_beta("all_reduce", points)
-    assert fit.alpha_s > 0 and fit.beta_s_per_byte == 0
+    # Alone, alpha minimises sum (2 alpha / t_i - 1)^2 over t_i = 1e-3 / (1 + i): alpha = sum(1 / t_i) /
+    # (2 sum(1 / t_i^2)) = 6e3 / (2 x 14e6) = 3 / 14000 s.
+    assert fit.alpha_s == pytest.approx(3 / 14000, rel=1e-12) and fit.beta_s_per_byte == 0
 
 
 def test_ring_terms():
@@ -251,6 +258,18 @@ def _layer_collectives(method: str, shape, modes, channels: int, size: int) -> l
     return [["all_to_all", forward * channels * COMPLEX64, size], ["all_to_all", back * channels * COMPLEX64, size]]
 
 
+def _png_size(path) -> tuple[int, int]:
+    """(width, height) in pixels of the PNG at ``path``, from its header (the signature, then IHDR)."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def _pixels(inches: tuple[float, float]) -> tuple[int, int]:
+    """The pixels of a figure of ``inches`` saved at the plots' 110 dpi."""
+    return round(inches[0] * 110), round(inches[1] * 110)
+
+
 def _run(tmp_path, name, *argv):
     out = tmp_path / name
     assert cli.main([name, *argv, "--out", str(out)]) == 0
@@ -291,7 +310,9 @@ def test_bench_comm(tmp_path, capsys):
         assert 0 < r["last_arrival_s"] <= r["measured_s"]
     assert [r["ranks"] for r in data["projection"]] == [4, 64] and data["cluster"]["name"] == "paper"
     assert [tuple(r["reduction"]) for r in data["projection"]] == [(2, 2), (2,) * 6]
-    assert (out / "comm_fit.png").exists() and (out / "projection.png").exists()
+    # A panel of 4 x 3.4 inches per collective; the projection 5 x 3.6 inches.
+    assert _png_size(out / "comm_fit.png") == _pixels((4 * len(comm.KINDS), 3.4)) == (1760, 374)
+    assert _png_size(out / "projection.png") == _pixels((5, 3.6)) == (550, 396)
     assert "PROJECTION" in capsys.readouterr().out
 
 
@@ -314,7 +335,8 @@ def test_bench_scaling(tmp_path):
         # One block forward's collectives, with the payload bytes its shapes give (the same grid both ways).
         assert r["collectives"] == _layer_collectives(r["method"], (16, 16, 8, 6), (4, 4, 4, 3), 4, 2), r
         assert r["payload_bytes"] == sum(c[1] for c in r["collectives"])
-    assert (out / "scaling_strong.png").exists() and (out / "scaling_weak.png").exists()
+    for kind in ("strong", "weak"):  # forward and backward: 2 panels of 4.5 x 3.6 inches
+        assert _png_size(out / f"scaling_{kind}.png") == _pixels((2 * 4.5, 3.6)) == (990, 396)
 
 
 def test_bench_modes_and_phases(tmp_path):
@@ -331,7 +353,7 @@ def test_bench_modes_and_phases(tmp_path):
     payload = {(r["k"], r["method"]): r["payload_bytes"] for r in rows}
     assert payload[(4, "drift")] > payload[(2, "drift")]  # drift's payload grows with k, dfno's does not
     assert payload[(4, "dfno")] == payload[(2, "dfno")]
-    assert (out / "modes_P2.png").exists()
+    assert _png_size(out / "modes_P2.png") == _pixels((4.5, 3.6)) == (495, 396)  # the forward's panel alone
     data, out = _run(
         tmp_path, "phases", "--nproc", "1", "2", "--shape", "16x16x8x6", "--modes", "4", "4", "4", "3", "--iters", "2"
     )
@@ -350,7 +372,8 @@ def test_bench_modes_and_phases(tmp_path):
             # (their means) sum to the median forward; on P ranks the phases are the ranks' mean, the
             # forward rank 0's.
             assert sum(phases.values()) == pytest.approx(r["forward"]["median"], rel=1e-9)
-    assert (out / "phases.png").exists()
+    # The heat map: 1.4 inches a phase (6) + 2 wide, 0.45 a row (6) + 1.5 high.
+    assert _png_size(out / "phases.png") == _pixels((1.4 * 6 + 2, 0.45 * 6 + 1.5)) == (1144, 462)
 
 
 def test_bench_capacity(tmp_path):
@@ -363,7 +386,7 @@ def test_bench_capacity(tmp_path):
     (row,) = data["rows"]
     assert row["dims"] == 2 and row["largest_n"] == 128 and row["largest_shape"] == [128, 128]
     assert all(t["fits"] and t["peak_gb_total"] < 2 for t in row["trials"])
-    assert (out / "capacity.png").exists()
+    assert _png_size(out / "capacity.png") == _pixels((5.5, 3.8)) == (605, 418)
     data, _ = _run(
         tmp_path,
         "capacity",

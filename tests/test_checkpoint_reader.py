@@ -8,6 +8,7 @@ checked against what the installed torch writes."""
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import math
 import os
@@ -29,12 +30,22 @@ from runs import (
     train_argv,
 )
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
 import drift.train
 import drift.train.loop
 from drift import comm
 from drift.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, usable_checkpoint
-from drift.checkpoint_reader import ALLOWED, CheckpointReader, RefusedData, WeightsOnlyLoadPlanner
+from drift.checkpoint_reader import ALLOWED, CheckpointReader, RefusedData, WeightsOnlyLoadPlanner, load_metadata
 from drift.cli import main
 from drift.train import META_KEYS, Sharding, build_model, make_optimizer, train_rank
 
@@ -217,6 +228,37 @@ def test_the_allow_list_covers_what_drift_writes(ranks, tmp_path, size, changes)
     ranks.run(1, _load_on_one, config, str(root))  # and it loads, through the restricted reader
 
 
+# What a checkpoint of drift's models and optimizers may hold: every floating, complex and integer dtype
+# and bool (written out here, not read from torch), its layouts and a path.
+_DTYPES = (
+    *(torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128),
+    *(torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool),
+)
+
+
+def _metadata(dtype: torch.dtype, layout: torch.layout) -> Metadata:
+    """A DCP index of one (4, 3) tensor of ``dtype`` in one chunk and one non-tensor value, as DCP writes it."""
+    chunk = ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([4, 3]))
+    tensor = TensorStorageMetadata(TensorProperties(dtype=dtype, layout=layout), torch.Size([4, 3]), [chunk])
+    return Metadata(
+        state_dict_metadata={"model.w": tensor, "optim.lr": BytesStorageMetadata()},
+        storage_data={MetadataIndex("model.w", torch.Size([0, 0]), 0): _StorageInfo("__0_0.distcp", 0, 192)},
+        storage_meta=StorageMeta(checkpoint_id=Path("/runs/a/checkpoints/epoch-0001"), save_id="s"),
+    )
+
+
 def test_every_allowed_global_exists_in_this_torch():
-    for module, name in ALLOWED:
-        getattr(importlib.import_module(module), name)
+    """Each allowed global is an object of the installed torch or standard library, and a pickle naming it
+    loads as that very object through the restricted unpickler; DCP indexes of every dtype and layout a
+    checkpoint may hold load equal to what was pickled."""
+    for module, name in sorted(ALLOWED):
+        found = getattr(importlib.import_module(module), name)  # AttributeError: gone from this torch
+        kinds = (type, torch.dtype, torch.layout, torch.memory_format)
+        assert isinstance(found, kinds) or (module, name) == ("torch.serialization", "_get_layout"), (module, name)
+        assert load_metadata(io.BytesIO(f"c{module}\n{name}\n.".encode())) is found, (module, name)
+    for dtype in _DTYPES:
+        for layout in (torch.strided, torch.sparse_coo):
+            written = _metadata(dtype, layout)
+            loaded = load_metadata(io.BytesIO(pickle.dumps(written)))
+            assert loaded == written and loaded.state_dict_metadata["model.w"].properties.dtype is dtype
+    assert load_metadata(io.BytesIO(pickle.dumps(torch.Size([4, 3])))) == (4, 3)

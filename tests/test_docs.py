@@ -32,3 +32,14 @@ def test_docs_build_without_warnings_and_name_the_api(tmp_path):
         assert f'id="{name}"' in api, f"the API page does not document {name}"
     for page in ("TRAINING", "PYTORCH", "TRANSFORMS", "FNO", "PDEBENCH", "PERFORMANCE", "BENCHMARKS", "GLOSSARY"):
         assert (out / f"{page}.html").is_file(), f"docs/{page}.md is not in the site"
+    # The benchmarks: one page per topic, each in the site and linked from the index.
+    pages = sorted(path.stem for path in (ROOT / "docs" / "benchmarks").glob("*.md"))
+    assert pages == ["capacity", "clusters", "data", "gpu", "layers", "models", "transforms"], pages
+    index = (out / "BENCHMARKS.html").read_text(encoding="utf-8")
+    for page in pages:
+        assert (out / "benchmarks" / f"{page}.html").is_file(), f"docs/benchmarks/{page}.md is not in the site"
+        assert f'href="benchmarks/{page}.html"' in index, f"docs/BENCHMARKS.md does not link to {page}.md"
+
+
+def test_the_benchmarks_index_stays_an_index():
+    assert len((ROOT / "docs" / "BENCHMARKS.md").read_text().splitlines()) <= 600

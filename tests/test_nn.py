@@ -64,7 +64,8 @@ def reference_conv(x, w, modes, shape, real):
 
 
 def reference_fno(model: FNO, x: torch.Tensor) -> torch.Tensor:
-    """Li et al.'s FNO formula with ``model``'s (single-device) parameters, on torch.fft, in float64."""
+    """Li et al.'s FNO formula with ``model``'s (single-device) parameters, on torch.fft, in float64;
+    autograd differentiates it with respect to them."""
 
     def pointwise(layer, t):
         bias = layer.bias.double().view(-1, *[1] * (t.dim() - 2))
@@ -73,7 +74,7 @@ def reference_fno(model: FNO, x: torch.Tensor) -> torch.Tensor:
     x = pointwise(model.lift, x.double())
     for i, block in enumerate(model.blocks):
         modes = block.spectral.modes_at(x.shape[2:])
-        k = reference_conv(x, block.spectral.weight.detach().to(torch.complex128), modes, x.shape[2:], True)
+        k = reference_conv(x, block.spectral.weight.to(torch.complex128), modes, x.shape[2:], True)
         x = k + pointwise(block.skip, x)
         if i < len(model.blocks) - 1:
             x = torch.nn.functional.gelu(x)
@@ -777,14 +778,25 @@ def test_parallelized_model_converts_exactly(ranks):
 
 
 def test_plans_built_in_inference_mode_serve_training():
+    """A recorded pass through plans first built under ``inference_mode`` gives the output and the
+    gradients (the input's and every parameter's) of Li et al.'s formula differentiated by autograd."""
     torch.manual_seed(14)
     for method in drift.nn.METHODS:
         model = FNO(2, 1, 6, (2, 2, 3), n_layers=2, method=method, dtype=torch.float64)
         x = random_tensor((2, 2, 9, 8, 6), torch.float64, 15)
         with torch.inference_mode():
             model(x)  # the plans are first built here
-        model(x).square().sum().backward()
-        assert all(p.grad is not None for p in model.parameters()), method
+        x.requires_grad_(True)
+        y = model(x)
+        _loss(y, 16).backward()
+        grads, grad_x = {name: p.grad.clone() for name, p in model.named_parameters()}, x.grad.clone()
+        model.zero_grad()
+        x.grad = None
+        y_ref = reference_fno(model, x)
+        _loss(y_ref, 16).backward()
+        assert rel_err(y, y_ref) <= 1e-12 and rel_err(grad_x, x.grad) <= 1e-12, method
+        for name, p in model.named_parameters():
+            assert rel_err(grads[name], p.grad) <= 1e-12, (method, name)
 
 
 def test_layers_follow_the_default_dtype():

@@ -172,7 +172,7 @@ def _reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
     with _recorded("reduce_scatter", n, (size - 1) * n // size, size):
         if x.device.type == "cpu":
             # Each share goes to its owner, which sums them: the same bytes as Gloo's reduce_scatter, which
-            # is slower on local ranks (benchmarks/reduce_scatter.py, docs/BENCHMARKS.md).
+            # is slower on local ranks (benchmarks/reduce_scatter.py, docs/benchmarks/clusters.md).
             parts = torch.empty_like(x)
             dist.all_to_all_single(_real(parts), _real(x), group=group)
             torch.sum(_real(parts).view(size, *_real(out).shape), 0, out=_real(out))

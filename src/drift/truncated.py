@@ -54,7 +54,7 @@ _NORMS = ("backward", "ortho", "forward")
 # The bound on a chunk's intermediates in the passes autograd does not record (4 complex values of the widest
 # extents a row takes, a loose bound: the resident buffers hold a fraction of it). On the CPU 64 MiB, so that
 # chunks stay near the cache; elsewhere a chunk costs a few dozen kernel launches and their dispatch on the
-# host (on a GPU one row a chunk made a block several times slower than cuFFT: docs/BENCHMARKS.md), so the
+# host (on a GPU one row a chunk made a block several times slower than cuFFT: docs/benchmarks/gpu.md), so the
 # whole batch goes at once unless it is huge.
 WORK_BYTES = {"cpu": 64 * 2**20}
 OTHER_DEVICES_WORK_BYTES = 8 * 2**30

@@ -73,7 +73,7 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 
 def markdown(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    """The same table in Markdown (for docs/BENCHMARKS.md)."""
+    """The same table in Markdown (for the pages under docs/benchmarks/)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -22,7 +22,7 @@ from drift.data.pdebench import write_pdebench3d
 GAMMA = 5.0 / 3.0
 # Cells per chunk of trajectories that `generate` advances together. On the CPU the solver is bound by its
 # elementwise work, not by Python: larger chunks fall out of cache and run slower per trajectory, while 4
-# trajectories at 16^3 still let two threads share each operation (measured: docs/BENCHMARKS.md). On a GPU
+# trajectories at 16^3 still let two threads share each operation (measured: docs/benchmarks/data.md). On a GPU
 # every operation is a kernel launch whatever its size, so a chunk holds the default set's 256 trajectories
 # at 16^3 (its states and temporaries, a few GB).
 CHUNK_CELLS = {"cpu": 4 * 16**3}

@@ -35,7 +35,7 @@ CHUNK_BYTES = {"cpu": 16 * 2**20}
 OTHER_DEVICES_CHUNK_BYTES = 256 * 2**20
 # The projection on the CPU: intermediates per thread, each thread's piece of a chunk one gemm of a batched
 # gemm (``_parts``), small enough to run from its core's cache (benchmarks/projection.py: MKL shares a thin
-# gemm poorly between threads; see docs/BENCHMARKS.md for the sizes tried).
+# gemm poorly between threads; see docs/benchmarks/models.md for the sizes tried).
 PIECE_BYTES = 2 * 2**20
 
 PointwiseFn = Callable[..., torch.Tensor]
