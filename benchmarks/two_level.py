@@ -10,7 +10,7 @@ one launch
    calls, or of as many as make 8 MB, slowest rank) over ``--sizes-kib`` on three kinds of group: within
    a host (every host's group at once), across hosts (one rank a host; every such group at once) and all
    ranks;
-3. fits ``drift.nn.auto.Machine``'s two levels on the even-numbered sizes (alpha and beta within a host
+3. fits ``drift.cost.Machine``'s two levels on the even-numbered sizes (alpha and beta within a host
    from the within-host groups, the link's from the across-host ones; least squares in relative error)
    and predicts the odd-numbered sizes of those groups and every size of the all-rank group, which is
    never fitted;
@@ -81,7 +81,7 @@ def _chosen(name: str, chosen: list[str] | None) -> bool:
 
 
 def _machine(alpha, beta, link_alpha, link_beta, per_host):
-    from drift.nn.auto import Hosts, Machine
+    from drift.cost import Hosts, Machine
 
     default = Machine.default("cpu")
     hosts = Hosts(per_host, link_alpha, link_beta)
@@ -101,7 +101,7 @@ def fit(rows: list[dict], per_host: int) -> dict:
     """alpha and beta within a host and of the link, each pair fitted on its groups' even-numbered sizes."""
     import numpy as np
 
-    from drift.bench.comm import non_negative_lstsq
+    from drift.cost import non_negative_lstsq
 
     sizes = sorted({r["bytes"] for r in rows})
     fitted = set(sizes[::2])

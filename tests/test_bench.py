@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from drift import launch
+from drift import cost, launch
 from drift.bench import capacity, cli, comm
 from drift.launch import MemoryCapExceeded, RankError, run_ranks, set_rank_threads
 
@@ -21,17 +21,17 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def test_fit_recovers_alpha_and_beta_from_model_times():
-    truth = comm.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10)
+    truth = cost.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10)
     for kind in comm.KINDS:
         points = [(p, n, truth.predict(kind, p, n)) for p in (2, 4, 8) for n in (2**16, 2**20, 2**26)]
-        fit = comm.fit_alpha_beta(kind, points)
+        fit = cost.fit_alpha_beta(kind, points)
         assert fit.alpha_s == pytest.approx(truth.alpha_s, rel=1e-9)
         assert fit.beta_s_per_byte == pytest.approx(truth.beta_s_per_byte, rel=1e-9)
         assert max(comm.rel_errors(fit, kind, points)) < 1e-9
 
 
 def test_fit_recovers_the_threshold_model():
-    truth = comm.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10, gamma_s=1e-4, threshold_bytes=2**16)
+    truth = cost.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10, gamma_s=1e-4, threshold_bytes=2**16)
     sizes = [2**k for k in range(15, 25)]
     rows = [
         {"kind": kind, "ranks": p, "bytes": n, "seconds": {"mean": truth.predict(kind, p, n)}}
@@ -56,7 +56,7 @@ def test_fit_recovers_the_threshold_model():
 
 def test_no_threshold_for_plain_alpha_beta_times():
     # Exact and 5%-noisy alpha-beta times: the extra gamma per fit never pays for itself.
-    truth = comm.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10)
+    truth = cost.Fit(alpha_s=3e-5, beta_s_per_byte=2e-10)
     rng = np.random.default_rng(0)
     for noise in (0.0, 0.05):
         rows = [
@@ -77,7 +77,7 @@ def test_non_negative_least_squares_matches_scipy():
     for _ in range(200):
         a = rng.standard_normal((9, 3))
         b = rng.standard_normal(9)
-        mine, reference = comm.non_negative_lstsq(a, b), nnls(a, b)[0]
+        mine, reference = cost.non_negative_lstsq(a, b), nnls(a, b)[0]
         assert mine.min() >= 0
         assert np.sum((a @ mine - b) ** 2) == pytest.approx(np.sum((a @ reference - b) ** 2), rel=1e-9, abs=1e-12)
         np.testing.assert_allclose(mine, reference, atol=1e-9)
@@ -87,11 +87,11 @@ def test_fit_keeps_alpha_and_beta_non_negative():
     # Times falling with size would need a negative beta: the fit drops it and keeps a latency.
     times = [1e-3 / (1 + i) for i in range(3)]
     points = [(2, n, t) for n, t in zip((2**16, 2**20, 2**24), times, strict=True)]
-    steps, wire = np.array([comm.terms("all_reduce", p, n) for p, n, _ in points]).T
+    steps, wire = np.array([cost.terms("all_reduce", p, n) for p, n, _ in points]).T
     assert steps.tolist() == [2.0] * 3 and wire.tolist() == [2**16, 2**20, 2**24]  # 2(P-1) steps, 2(P-1)/P n sent
     free = np.linalg.lstsq(np.stack([steps, wire], 1) / np.array(times)[:, None], np.ones(3), rcond=None)[0]
     assert free[1] < 0  # unconstrained, the relative-error fit wants a negative beta
-    fit = comm.fit_alpha_beta("all_reduce", points)
+    fit = cost.fit_alpha_beta("all_reduce", points)
     # Alone, alpha minimises sum (2 alpha / t_i - 1)^2 over t_i = 1e-3 / (1 + i): alpha = sum(1 / t_i) /
     # (2 sum(1 / t_i^2)) = 6e3 / (2 x 14e6) = 3 / 14000 s.
     assert fit.alpha_s == pytest.approx(3 / 14000, rel=1e-12) and fit.beta_s_per_byte == 0
@@ -99,14 +99,16 @@ def test_fit_keeps_alpha_and_beta_non_negative():
 
 def test_ring_terms():
     n = 1 << 20
-    assert comm.terms("all_reduce", 4, n) == (6.0, 1.5 * n)
-    assert comm.terms("all_gather", 4, n) == (3.0, 0.75 * n)
-    assert comm.terms("all_to_all", 1, n) == (0.0, 0.0)
+    assert cost.terms("all_reduce", 4, n) == (6.0, 1.5 * n)
+    assert cost.terms("all_gather", 4, n) == (3.0, 0.75 * n)
+    assert cost.terms("all_to_all", 1, n) == (0.0, 0.0)
 
 
 def test_paper_preset_reproduces_the_papers_drift_communication():
     # The preset is derived from DRIFT's 5.1 ms (P = 4) and 20 ms (P = 32) per block (section VI-E).
-    fit = comm.Fit(comm.PAPER.alpha_s, comm.PAPER.beta_s_per_byte)
+    fit = cost.PAPER.within_host
+    paper = (comm.PAPER.alpha_s, comm.PAPER.beta_s_per_byte, comm.PAPER.flops_per_s)
+    assert paper == (fit.alpha_s, fit.beta_s_per_byte, cost.PAPER.matmul_flops_per_s)  # the projection's platform
     n = 20 * 16**4 * 8
     for size, ms in ((4, 5.1), (32, 20.0)):
         modelled = fit.predict("all_reduce", size, n) + fit.predict("all_gather", size, n)
@@ -128,25 +130,25 @@ def test_projection_grids_and_ratios():
 
 
 def test_reduction_mesh_shapes_and_their_model():
-    assert comm.factorisations(1) == [()]
-    assert sorted(comm.factorisations(12)) == sorted(
+    assert cost.factorisations(1) == [()]
+    assert sorted(cost.factorisations(12)) == sorted(
         [(12,), (2, 6), (6, 2), (3, 4), (4, 3), (2, 2, 3), (2, 3, 2), (3, 2, 2)]
     )
-    assert len(comm.factorisations(1024)) == 2**9  # the compositions of 10
-    assert all(math.prod(s) == 1024 and min(s) >= 2 for s in comm.factorisations(1024))
+    assert len(cost.factorisations(1024)) == 2**9  # the compositions of 10
+    assert all(math.prod(s) == 1024 and min(s) >= 2 for s in cost.factorisations(1024))
     n = 10 * 2**20
-    fit = comm.Fit(1e-4, 2e-10)
+    fit = cost.Fit(1e-4, 2e-10)
     flat = fit.predict("reduce_scatter", 32, n) + fit.predict("all_gather", 32, n)
-    assert comm.reduction_seconds(fit, (32,), n) == pytest.approx(flat)
+    assert cost.reduction_seconds(fit, (32,), n) == pytest.approx(flat)
     # Every shape sends the flat collectives' bytes; the latency is sum(P_i - 1) steps each way.
     for shape in ((4, 8), (8, 4), (2, 2, 2, 2, 2)):
-        bytes_only = comm.reduction_seconds(comm.Fit(0.0, 2e-10), shape, n)
-        assert bytes_only == pytest.approx(comm.reduction_seconds(comm.Fit(0.0, 2e-10), (32,), n))
-        steps = comm.reduction_seconds(comm.Fit(1e-4, 0.0), shape, n) / 1e-4
+        bytes_only = cost.reduction_seconds(cost.Fit(0.0, 2e-10), shape, n)
+        assert bytes_only == pytest.approx(cost.reduction_seconds(cost.Fit(0.0, 2e-10), (32,), n))
+        steps = cost.reduction_seconds(cost.Fit(1e-4, 0.0), shape, n) / 1e-4
         assert steps == pytest.approx(2 * sum(p - 1 for p in shape))
-    assert comm.best_reduction(fit, 32, n) == ((2, 2, 2, 2, 2), pytest.approx(comm.reduction_seconds(fit, (2,) * 5, n)))
-    assert comm.best_reduction(comm.Fit(0.0, 2e-10), 32, n)[0] == (32,)  # no latency: one level is enough
-    assert comm.best_reduction(fit, 1, n) == ((), 0.0)
+    assert cost.best_reduction(fit, 32, n) == ((2, 2, 2, 2, 2), pytest.approx(cost.reduction_seconds(fit, (2,) * 5, n)))
+    assert cost.best_reduction(cost.Fit(0.0, 2e-10), 32, n)[0] == (32,)  # no latency: one level is enough
+    assert cost.best_reduction(fit, 1, n) == ((), 0.0)
 
 
 def test_projection_keeps_drift_ahead_of_dfno_to_1024_ranks():
@@ -164,11 +166,11 @@ def test_drift_reduction_pads_as_the_shares_do():
     """16 first-mode rows over a 16 x 2 pencil: 16 rows over the first dim, then the 1-row share
     padded to 2 rows over the second; ring bytes (P_i - 1) / P_i of each payload, each way."""
     row, beta = 1000.0, 1e-9
-    shape, seconds = comm.drift_reduction(comm.Fit(0.0, beta), [16, 2], 16, row)
+    shape, seconds = cost.drift_reduction(cost.Fit(0.0, beta), [16, 2], 16, row)
     assert math.prod(shape) == 32 and seconds == pytest.approx(2 * beta * row * (15 + 1))
-    shape, seconds = comm.drift_reduction(comm.Fit(1.0, 0.0), [16, 2], 16, row)
+    shape, seconds = cost.drift_reduction(cost.Fit(1.0, 0.0), [16, 2], 16, row)
     assert shape == (2, 2, 2, 2, 2) and seconds == pytest.approx(2 * 5)
-    assert comm.drift_reduction(comm.Fit(1.0, 0.0), [16, 2], 16, row, factorise=False) == ((16, 2), 2 * (15 + 1))
+    assert cost.drift_reduction(cost.Fit(1.0, 0.0), [16, 2], 16, row, factorise=False) == ((16, 2), 2 * (15 + 1))
 
 
 def test_cluster_option():

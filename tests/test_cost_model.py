@@ -1,4 +1,4 @@
-"""drift.nn.auto's collective model on one and several hosts, reduction levels, and the reduction choice."""
+"""drift.cost's collective model on one and several hosts, reduction levels, and the reduction choice."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from drift.nn.auto import Hosts, Machine, choose_reduction, method_costs, reduction_levels
+from drift.cost import Hosts, Machine, choose_reduction, method_costs, reduction_levels
 
 ALPHA, BETA = 1e-4, 1e-9  # within a host
 LINK = Hosts(2, 1e-3, 8e-9)  # 2 ranks a host; a slower link between hosts

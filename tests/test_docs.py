@@ -25,7 +25,7 @@ def test_docs_build_without_warnings_and_name_the_api(tmp_path):
         "drift.nn.parallelize",
         "drift.nn.FNO",
         "drift.nn.SpectralConv",
-        "drift.nn.auto.Machine",
+        "drift.cost.Machine",
         "drift.checkpoint_reader.CheckpointReader",
         "drift.data.PDEBench3D",
     ):

@@ -13,9 +13,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import drift
 import drift.contraction
+from drift.cost import Machine, choose_method, method_costs
 from drift.layout import to_dtensor
 from drift.nn import FNO, SpectralConv, clip_grad_norm_, parallelize
-from drift.nn.auto import Machine, choose_method, method_costs
 
 _MESHES: dict = {}
 

@@ -239,7 +239,7 @@ def test_one_process_reduction():
 
 def _auto_reductions():
     """parallelize(reduction="auto") on a slab of 4 ranks, 2 a host: the cost model's shape, and the values."""
-    from drift.nn.auto import Hosts, Machine
+    from drift.cost import Hosts, Machine
 
     device = device_for(dist.get_rank())
     mesh, placements = mesh_for((4,))[0], (Shard(2),)

@@ -7,20 +7,21 @@
    order each round; per-call time of each batch; the mean over batches (what a sequence of calls
    costs; on an oversubscribed host the median jumps between the modes of a call that finishes within
    a time slice and one that waits one out), then the slowest rank.
-2. Fit (``Fit``): ``t = alpha L(P) + beta W(P, n) + gamma L(P) [n / P > S]`` with the ring-algorithm
-   terms of ``terms`` (the bandwidth-optimal schedules Gloo and NCCL use for large messages), least
-   squares in relative error, coefficients >= 0. The threshold S is one per machine: the power of two
-   (or none) with the least error over every fit (``choose_threshold``). Each collective is fitted per
-   P (on an oversubscribed CPU host, P ranks on fewer cores are a different "network" for each P) and
-   once over all P. Reported: the largest and median relative error of the model over the measured
-   points, how many it predicts within 25%, and the same for the plain alpha-beta model (no S).
+2. Fit (``drift.cost.Fit``): ``t = alpha L(P) + beta W(P, n) + gamma L(P) [n / P > S]`` with the
+   ring-algorithm terms of ``drift.cost.terms`` (the bandwidth-optimal schedules Gloo and NCCL use for
+   large messages), least squares in relative error, coefficients >= 0. The threshold S is one per
+   machine: the power of two (or none) with the least error over every fit (``choose_threshold``). Each
+   collective is fitted per P (on an oversubscribed CPU host, P ranks on fewer cores are a different
+   "network" for each P) and once over all P. Reported: the largest and median relative error of the
+   model over the measured points, how many it predicts within 25%, and the same for the plain alpha-beta
+   model (no S).
 3. Table I of the paper: the collectives of one FNO forward (drift and dfno) on ``--fno-shape`` with
    ``comm_log``: per kind, calls, payload bytes, measured seconds and the model's seconds (``model_for``).
 4. Projection: the forward time of one FNO block for drift and dfno on a cluster given by alpha,
-   beta and a compute rate (``--cluster``; ``paper``: derived in ``PAPER`` from the paper's measured
-   times), for P up to 1024. drift's reduce-scatter and all-gather run over the reduction mesh
-   (``drift.reduction_mesh``) the model finds fastest (``drift_reduction``); the unfactorised one
-   (one level per split dim, drift without ``reduction=``) is reported beside it. A model, not a
+   beta and a compute rate (``--cluster``; ``paper``: ``drift.cost.PAPER``, derived from the paper's
+   measured times), for P up to 1024. drift's reduce-scatter and all-gather run over the reduction mesh
+   (``drift.reduction_mesh``) the model finds fastest (``drift.cost.drift_reduction``); the unfactorised
+   one (one level per split dim, drift without ``reduction=``) is reported beside it. A model, not a
    measurement.
 
 JSON (``comm.json``), besides the common envelope (``drift.bench.output``):
@@ -37,7 +38,6 @@ reduction, drift: {compute_s, comm_s, unfactorised_comm_s, total_s}, dfno: {comp
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import statistics
 import time
@@ -49,6 +49,8 @@ import numpy as np
 import torch
 
 from drift import comm as collectives
+from drift import cost
+from drift._moved import moved_names
 from drift.arguments import positive_int
 from drift.arguments import shape as shape_arg
 from drift.bench import output, plots
@@ -58,77 +60,26 @@ from drift.contraction import transform_flops
 from drift.launch import rank_device, run_ranks
 from drift.modes import mode_lists
 from drift.nn import FNO, METHODS
-from drift.nn.auto import factorisations
 from drift.profiling import synchronize_device
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 BATCH_TARGET_S = 0.01  # each timed batch of back-to-back calls lasts about this long
 
-
-def terms(kind: str, size: int, nbytes: float) -> tuple[float, float]:
-    """(latency steps L, bytes each rank sends W) of a ring collective on ``size`` ranks over an
-    ``nbytes`` vector: t = alpha L + beta W."""
-    if size == 1:
-        return 0.0, 0.0
-    frac = (size - 1) / size
-    if kind == "all_reduce":
-        return 2.0 * (size - 1), 2.0 * frac * nbytes
-    if kind in ("reduce_scatter", "all_gather", "all_to_all"):
-        return float(size - 1), frac * nbytes
-    raise ValueError(f"no model for collective {kind!r}")
-
-
-@dataclass(frozen=True)
-class Fit:
-    """An alpha-beta model with a message-size threshold: ``t = alpha L + beta W + gamma L [n / P > S]``.
-
-    alpha: seconds per latency step; beta: seconds per byte sent; gamma: extra seconds per step whose
-    message (``n / P`` bytes, to one peer) exceeds ``threshold_bytes`` S, as in LogGPS's synchronisation
-    threshold (on this machine's loopback TCP, the time per step rises between 64 and 128 KiB messages).
-    ``threshold_bytes=None``: the plain alpha-beta model.
-    """
-
-    alpha_s: float
-    beta_s_per_byte: float
-    gamma_s: float = 0.0
-    threshold_bytes: int | None = None
-
-    def predict(self, kind: str, size: int, nbytes: float) -> float:
-        """Modelled seconds of one ``kind`` call on ``size`` ranks over an ``nbytes`` vector."""
-        steps, wire = terms(kind, size, nbytes)
-        seconds = self.alpha_s * steps + self.beta_s_per_byte * wire
-        if self.threshold_bytes is not None and nbytes / size > self.threshold_bytes:
-            seconds += self.gamma_s * steps
-        return seconds
-
-
-def fit_alpha_beta(kind: str, points: Sequence[tuple[int, float, float]], threshold_bytes: int | None = None) -> Fit:
-    """Least squares in relative error of the model of ``Fit`` over ``(ranks, bytes, seconds)`` points,
-    every coefficient >= 0; gamma is fitted only with a threshold."""
-    columns = []
-    for p, n, _ in points:
-        steps, wire = terms(kind, p, n)
-        columns.append([steps, wire] + ([steps * (n / p > threshold_bytes)] if threshold_bytes is not None else []))
-    t = np.array([s for _, _, s in points], dtype=np.float64)
-    a = np.array(columns, dtype=np.float64) / t[:, None]  # relative error: every size counts alike
-    coef = non_negative_lstsq(a, np.ones_like(t))
-    gamma = float(coef[2]) if threshold_bytes is not None else 0.0
-    return Fit(float(coef[0]), float(coef[1]), gamma, threshold_bytes)
-
-
-def non_negative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``argmin ||a x - b||`` over ``x >= 0`` for a few columns. The solution is the unconstrained least
-    squares solution on its own support, so the best non-negative one over all supports is it."""
-    best, best_residual = np.zeros(a.shape[1]), float(b @ b)
-    tie = 1e-12 * best_residual  # rounding: a larger support must do better by more than this
-    for k in range(1, a.shape[1] + 1):
-        for support in itertools.combinations(range(a.shape[1]), k):
-            x = np.zeros(a.shape[1])
-            x[list(support)] = np.linalg.lstsq(a[:, support], b, rcond=None)[0]
-            residual = float(np.sum((a @ x - b) ** 2))
-            if x.min() >= 0 and residual < best_residual - tie:
-                best, best_residual = x, residual
-    return best
+# The model of the collectives moved to drift.cost, with the rest of drift's cost model.
+__getattr__ = moved_names(
+    __name__,
+    "drift.cost",
+    (
+        "Fit",
+        "best_reduction",
+        "drift_reduction",
+        "factorisations",
+        "fit_alpha_beta",
+        "non_negative_lstsq",
+        "reduction_seconds",
+        "terms",
+    ),
+)
 
 
 def choose_threshold(rows: Sequence[dict]) -> int | None:
@@ -143,7 +94,7 @@ def choose_threshold(rows: Sequence[dict]) -> int | None:
     def criterion(threshold: int | None) -> float:
         squared = 0.0
         for (kind, _), pts in points.items():
-            squared += sum(e * e for e in rel_errors(fit_alpha_beta(kind, pts, threshold), kind, pts))
+            squared += sum(e * e for e in rel_errors(cost.fit_alpha_beta(kind, pts, threshold), kind, pts))
         parameters = 2 * len(points) + (0 if threshold is None else len(points) + 1)
         return count * math.log(max(squared, 1e-300) / count) + parameters * math.log(count)
 
@@ -158,7 +109,7 @@ def _points(rows: Sequence[dict]) -> dict[tuple[str, int], list[tuple[int, float
     return points
 
 
-def rel_errors(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> list[float]:
+def rel_errors(fit: cost.Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> list[float]:
     """|model - measured| / measured at each point."""
     return [abs(fit.predict(kind, p, n) - s) / s for p, n, s in points]
 
@@ -169,12 +120,11 @@ def held_out_errors(kind: str, points: Sequence[tuple[int, float, float]], thres
     if len(points) < 4:
         return []
     rest = [[q for j, q in enumerate(points) if j != i] for i in range(len(points))]
-    return [
-        rel_errors(fit_alpha_beta(kind, r, threshold_bytes), kind, [p])[0] for p, r in zip(points, rest, strict=True)
-    ]
+    fits = [cost.fit_alpha_beta(kind, r, threshold_bytes) for r in rest]
+    return [rel_errors(fit, kind, [p])[0] for p, fit in zip(points, fits, strict=True)]
 
 
-def _accuracy(fit: Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> dict:
+def _accuracy(fit: cost.Fit, kind: str, points: Sequence[tuple[int, float, float]]) -> dict:
     errors = rel_errors(fit, kind, points)
     held_out = held_out_errors(kind, points, fit.threshold_bytes)
     return {
@@ -267,12 +217,12 @@ def fits_from_sweep(rows: Sequence[dict]) -> dict:
     for kind in sorted({k for k, _ in points}):
         mine = {size: pts for (k, size), pts in points.items() if k == kind}
         per_ranks[kind] = {
-            str(size): _accuracy(fit_alpha_beta(kind, pts, threshold), kind, pts) for size, pts in mine.items()
+            str(size): _accuracy(cost.fit_alpha_beta(kind, pts, threshold), kind, pts) for size, pts in mine.items()
         }
         every = [pt for pts in mine.values() for pt in pts]
-        overall[kind] = _accuracy(fit_alpha_beta(kind, every, threshold), kind, every)
+        overall[kind] = _accuracy(cost.fit_alpha_beta(kind, every, threshold), kind, every)
         for pts in mine.values():
-            plain += rel_errors(fit_alpha_beta(kind, pts), kind, pts)
+            plain += rel_errors(cost.fit_alpha_beta(kind, pts), kind, pts)
             plain_held_out += held_out_errors(kind, pts, None)
     without = {
         "within_25_percent": sum(e <= 0.25 for e in plain),
@@ -284,13 +234,13 @@ def fits_from_sweep(rows: Sequence[dict]) -> dict:
     return {"threshold_bytes": threshold, "fits": overall, "fits_per_ranks": per_ranks, "without_threshold": without}
 
 
-def model_for(model: dict, kind: str, size: int) -> Fit | None:
+def model_for(model: dict, kind: str, size: int) -> cost.Fit | None:
     """The fitted ``Fit`` of ``kind`` at ``size`` ranks: the per-P fit where the sweep measured that P,
     else the fit over all P; None when the sweep did not measure ``kind``."""
     if kind not in model["fits"]:
         return None
     fields = model["fits_per_ranks"][kind].get(str(size), model["fits"][kind])
-    return Fit(fields["alpha_s"], fields["beta_s_per_byte"], fields["gamma_s"], fields["threshold_bytes"])
+    return cost.Fit(fields["alpha_s"], fields["beta_s_per_byte"], fields["gamma_s"], fields["threshold_bytes"])
 
 
 def _fno_worker(shape: tuple, modes: tuple, width: int, methods: Sequence[str], warmup: int, iters: int) -> list:
@@ -360,21 +310,13 @@ class Cluster:
     source: str = ""
 
 
-# Paper (section VI-E, 128^3 x 30, width 20, modes (8, 8, 8, 16), slab, 4 GPUs per node): DRIFT's
-# all-reduce + all-gather of the 20 x 65,536 complex64 spectrum (n = 10.49 MB) take 5.1 ms per block
-# at P = 4 and 20 ms at P = 32. With the ring terms (all-reduce 2(P-1) alpha + 2(P-1)/P n beta,
-# all-gather (P-1) alpha + (P-1)/P n beta): 9 alpha + 2.25 n beta = 5.1 ms and 93 alpha + 2.906 n beta
-# = 20 ms, so alpha = 165 us and beta = 1.53e-10 s/B (6.5 GB/s). (A log2 P latency term admits no
-# non-negative solution of these two.) Compute: the forward and inverse partial DFTs take 67 ms per
-# block at P = 4 (local 32 x 128 x 128 x 30, 20 channels); the paper's contraction, every kept frequency
-# computed (no conjugate fold), does 2 x 20 x 1.305 GFLOP there: 0.78 TFLOP/s, the effective rate the
-# paper's GPUs reached on it.
+# The paper's platform (drift.cost.PAPER, which derives its numbers) for the projection.
 PAPER = Cluster(
     "paper",
-    alpha_s=1.65e-4,
-    beta_s_per_byte=1.53e-10,
-    flops_per_s=7.8e11,
-    source="derived from the DRIFT paper's measured DRIFT times, section VI-E (see drift.bench.comm.PAPER)",
+    alpha_s=cost.PAPER.alpha_s,
+    beta_s_per_byte=cost.PAPER.beta_s_per_byte,
+    flops_per_s=cost.PAPER.matmul_flops_per_s,
+    source="derived from the DRIFT paper's measured DRIFT times, section VI-E (see drift.cost.PAPER)",
 )
 
 
@@ -405,54 +347,13 @@ def projection_grid(shape: Sequence[int], kept: Sequence[int], size: int) -> tup
     return tuple(grid)
 
 
-def reduction_seconds(model: Fit, shape: Sequence[int], nbytes: float) -> float:
-    """Modelled seconds of drift's reduce-scatter of an ``nbytes`` spectrum over a reduction mesh of
-    ``shape`` and the all-gather back (``Layout`` with ``reduction``): one reduce-scatter per mesh dim,
-    the last first, each over what the previous left (the all-gathers mirror them)."""
-    seconds = 0.0
-    for parts in reversed(shape):
-        seconds += model.predict("reduce_scatter", parts, nbytes) + model.predict("all_gather", parts, nbytes)
-        nbytes /= parts
-    return seconds
-
-
-def drift_reduction(
-    model: Fit, parts: Sequence[int], rows: int, row_bytes: float, *, factorise: bool = True
-) -> tuple[tuple[int, ...], float]:
-    """The reduction mesh shape and modelled seconds of drift's reduce-scatter and all-gather of a
-    spectrum of ``rows`` first-mode rows of ``row_bytes`` each over a grid whose split dims have
-    ``parts`` ranks (``Layout.reduce_scatter_shares``): per split dim in turn, the rows left padded to
-    a multiple of its ranks (torch.chunk shares; beyond ``rows`` ranks the blocks are zero rows) and
-    reduced over its fastest factorisation (``best_reduction``; one level without ``factorise``)."""
-    shape, seconds = [], 0.0
-    for p in parts:
-        c = -(-rows // p)
-        payload = p * c * row_bytes
-        levels = best_reduction(model, p, payload)[0] if factorise else (p,)
-        shape += levels
-        seconds += reduction_seconds(model, levels, payload)
-        rows = c
-    return tuple(shape), seconds
-
-
-def best_reduction(model: Fit, size: int, nbytes: float) -> tuple[tuple[int, ...], float]:
-    """The reduction mesh shape of ``size`` ranks with the least modelled time (ties: fewer levels, then
-    the larger last factor, the most ranks reduced first), and that time. Every shape sends the same
-    bytes, so the latency steps sum(P_i - 1) decide: with one alpha for every link, factors of 2."""
-    shapes = factorisations(size)
-    return min(
-        ((shape, reduction_seconds(model, shape, nbytes)) for shape in shapes),
-        key=lambda item: (round(item[1], 15), len(item[0]), tuple(reversed([-f for f in item[0]]))),
-    )
-
-
 def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], width: int, size: int) -> dict:
     """Modelled forward seconds of one FNO block (batch 1, float32, real 3D+time field) for drift and dfno.
 
     Both: spectral multiply (8 in out M / P FLOP) and pointwise linear (2 width^2 local points).
     drift: forward and inverse partial DFTs (``drift.truncated.transform_flops``, per channel) plus
     the reduce-scatter and the all-gather of the ``width x M`` complex64 spectrum (padded as its shares
-    are) on the fastest reduction mesh (``drift_reduction``; ``unfactorised_comm_s``: one level per split
+    are) on the fastest reduction mesh (``drift.cost.drift_reduction``; ``unfactorised_comm_s``: one level per split
     dim). dfno: forward and inverse real FFTs (2.5 V log2 V FLOP per channel, V the global points, split
     over P), plus per split dim one all-to-all each way of the local half spectrum (complex64) in that
     dim's group of ranks.
@@ -463,10 +364,10 @@ def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], 
     kept = [len(m) for m in lists]
     m = math.prod(kept)
     shared_flops = 8 * width * width * m / size + 2 * width * width * math.prod(local)
-    model = Fit(cluster.alpha_s, cluster.beta_s_per_byte)
+    model = cost.Fit(cluster.alpha_s, cluster.beta_s_per_byte)
     drift_flops = shared_flops + width * sum(transform_flops(local, lists, shape, True))
     split, row = [p for p in grid if p > 1], width * (m // kept[0]) * 8
-    reduction, drift_comm = drift_reduction(model, split, kept[0], row)
+    reduction, drift_comm = cost.drift_reduction(model, split, kept[0], row)
     volume = math.prod(shape)
     half = math.prod(shape[:-1]) * (shape[-1] // 2 + 1)
     dfno_flops = shared_flops + 2 * width * 2.5 * volume * math.log2(volume) / size
@@ -475,7 +376,7 @@ def project_block(cluster: Cluster, shape: Sequence[int], modes: Sequence[int], 
     for name, flops, seconds in (("drift", drift_flops, drift_comm), ("dfno", dfno_flops, dfno_comm)):
         compute = flops / cluster.flops_per_s
         out[name] = {"compute_s": compute, "comm_s": seconds, "total_s": compute + seconds}
-    out["drift"]["unfactorised_comm_s"] = drift_reduction(model, split, kept[0], row, factorise=False)[1]
+    out["drift"]["unfactorised_comm_s"] = cost.drift_reduction(model, split, kept[0], row, factorise=False)[1]
     out["ratio"] = out["dfno"]["total_s"] / out["drift"]["total_s"]
     return out
 

@@ -27,7 +27,7 @@ def _save(fig, path: Path) -> None:
 
 def comm(rows: Sequence[dict], fit_for: Callable[[str, int], Any], path: Path) -> None:
     """Mean seconds per call against message size, per collective and P (quartiles as bars), with the
-    fitted model of each P: ``fit_for(kind, P)``, a ``drift.bench.comm.Fit`` (or None)."""
+    fitted model of each P: ``fit_for(kind, P)``, a ``drift.cost.Fit`` (or None)."""
     plt = _pyplot()
     kinds = sorted({r["kind"] for r in rows})
     fig, axes = plt.subplots(1, max(1, len(kinds)), figsize=(4 * max(1, len(kinds)), 3.4), squeeze=False)

@@ -1,6 +1,6 @@
 """Neural-operator layers and models: single-device modules that ``parallelize`` makes distributed."""
 
-from drift.nn.auto import Machine
+from drift.cost import Machine
 from drift.nn.block import FNOBlock
 from drift.nn.executor import fno_block
 from drift.nn.factorized import FACTORIZATIONS, FactorizedWeight, cp_rank, tucker_rank

@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from drift.cost import drift_cost, pruned_dfno_cost
 from drift.errors import PlanError
 from drift.fft import DistributedFFT, pruned_output_placements
 from drift.layout import Layout
-from drift.nn.auto import drift_cost, pruned_dfno_cost
 from drift.nn.mixing import mix_channels
 from drift.nn.padding import crop_block, pad_block
 from drift.profiling import phase
@@ -50,7 +50,7 @@ class SpectralMethod:
     pads_tensor = True  # pads the input tensor, so a dim split over ranks cannot be padded
     takes_reduction = False  # a reduction mesh and overlap for the spectrum's collectives
     needs_whole_dim = True  # a DistributedFFT: some dim must be whole on every rank
-    cost = None  # drift.nn.auto's cost model of it (a function of a Problem), if method="auto" may choose it
+    cost = None  # drift.cost's model of it (a function of a Problem), if method="auto" may choose it
 
     def plan(self, layer, layout: Layout, modes, padding) -> nn.Module:
         raise NotImplementedError

@@ -11,8 +11,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from drift import comm
+from drift.cost import Machine, choose_reduction
 from drift.layout import reduction_mesh
-from drift.nn.auto import Machine, choose_reduction
 from drift.nn.factorized import FactorizedWeight
 from drift.nn.methods import candidates
 from drift.nn.replicated import Replicated
@@ -78,7 +78,7 @@ def parallelize(
     ``drift.TruncatedFFT``), made once here for every layer. It leaves every rank's share, and so the
     weights, their placements and state dicts, as they are without it. ValueError before any
     collective when it does not factor that rank count or a spectral layer is not "drift". ``"auto"``:
-    the shape ``drift.nn.auto.choose_reduction`` models fastest on ``machine`` (on several hosts,
+    the shape ``drift.cost.choose_reduction`` models fastest on ``machine`` (on several hosts,
     ``Machine.hosts``: often within hosts, then across), none when a layer's ``method="auto"`` becomes
     another method; it needs ``global_shape``.
 
@@ -86,7 +86,7 @@ def parallelize(
     piece's transform (``drift.TruncatedFFT``'s ``overlap``; 1: none). ValueError before any collective
     when it is not a positive int or, above 1, a spectral layer is not "drift".
 
-    ``global_shape`` (the inputs' spatial extents) and ``machine`` (``drift.nn.auto.Machine``, default
+    ``global_shape`` (the inputs' spatial extents) and ``machine`` (``drift.cost.Machine``, default
     ``Machine.default(mesh.device_type)``): for layers built with ``method="auto"``, which become the
     method the cost model predicts fastest there (``layer.choice`` says why; dfno-pruned is no candidate
     with ``reduction``, ``overlap`` or with domain padding on a split dim). Required when there is such a layer.
@@ -163,7 +163,7 @@ def _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, what: s
 
 
 def _choose_reduction(layers, mesh, placements, spatial_axes, global_shape, machine, reduction: str):
-    """``reduction="auto"``: the reduction mesh shape ``drift.nn.auto.choose_reduction`` models fastest for
+    """``reduction="auto"``: the reduction mesh shape ``drift.cost.choose_reduction`` models fastest for
     the first spectral layer's spectrum (None: one level per mesh dim)."""
     if reduction != AUTO:
         raise ValueError(f"reduction must be a mesh shape, a reduction mesh, None or 'auto', got {reduction!r}")

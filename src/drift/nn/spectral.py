@@ -29,10 +29,10 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from drift import comm
 from drift._plan import ComplexModule, complex_dtype, real_dtype
+from drift.cost import Machine, MethodChoice, choose_method
 from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, to_dtensor
 from drift.modes import ModeSpec, mode_counts, mode_lists
-from drift.nn.auto import Machine, MethodChoice, choose_method
 from drift.nn.factorized import FactorizedWeight
 from drift.nn.methods import METHODS, SpectralMethod, candidates, method_named
 from drift.nn.mixing import mix_channels
@@ -42,7 +42,7 @@ from drift.profiling import phase
 
 __all__ = ["AUTO", "METHODS", "SpectralConv", "layout_of", "mix_channels", "mode_counts", "spectral_weight"]
 
-AUTO = "auto"  # a method chosen by drift.nn.auto's cost model (at parallelize, or at the first input on one device)
+AUTO = "auto"  # a method chosen by drift.cost's model (at parallelize, or at the first input on one device)
 MAX_PLANS = 4  # plans kept per layer (resolutions and layouts met most recently)
 
 
@@ -68,7 +68,7 @@ class SpectralConv(ComplexModule):
         modes: retained modes per spatial dim (1 to 4 dims): Li et al.'s k, or explicit frequency lists
             (see ``drift.modes.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (``drift.nn.methods``), which compute the same function,
-            or "auto" (the one ``drift.nn.auto``'s cost model predicts fastest, at ``parallelize`` or at
+            or "auto" (the one ``drift.cost``'s model predicts fastest, at ``parallelize`` or at
             the first input on one device).
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
         bias: add a real per-channel bias ``(out,)`` to the output (neuraloperator's ``bias=True``),
@@ -226,7 +226,7 @@ class SpectralConv(ComplexModule):
     ) -> None:
         """Resolve ``method="auto"`` for inputs of ``global_shape`` split ``parts`` ways per dim (drift with
         ``reduction``, a reduction mesh shape): of ``choices`` (default ``drift.nn.methods.candidates()``)
-        the one ``drift.nn.auto.choose_method`` models fastest becomes ``method``, its reasons ``choice``."""
+        the one ``drift.cost.choose_method`` models fastest becomes ``method``, its reasons ``choice``."""
         if self.method != AUTO:
             raise ValueError(f"choose_method resolves method='auto'; this layer's method is {self.method!r}")
         padding = self.padding_at(global_shape)
