@@ -22,6 +22,7 @@ from drift.nn.norm import NORMS
 from drift.nn.pointwise import SKIPS, PointwiseLinear
 from drift.nn.spectral import layout_of
 from drift.profiling import phase
+from drift.recording import autocasting
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
 
@@ -215,7 +216,7 @@ class FNO(nn.Module):
         if x.shape[1] != channels:
             raise ValueError(f"FNO expects {channels} input channels, got shape {tuple(x.shape)}")
         dtype = self.lift.weight.dtype
-        if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        if x.dtype != dtype and not autocasting(x):
             raise PlanError(
                 f"FNO input is {x.dtype}, the model's parameters are {dtype}: convert one (model.to(dtype)) "
                 "or run under torch.autocast"

@@ -39,6 +39,7 @@ from drift.nn.mixing import mix_channels
 from drift.nn.padding import check_padding_mode, padding_at, padding_fractions
 from drift.nn.replicated import replicate_over
 from drift.profiling import phase
+from drift.recording import autocasting
 
 __all__ = ["AUTO", "METHODS", "SpectralConv", "layout_of", "mix_channels", "mode_counts", "spectral_weight"]
 
@@ -307,7 +308,7 @@ class SpectralConv(ComplexModule):
         if constant is not None and out is None:
             raise PlanError("SpectralConv.forward_local: constant= is for outputs written into out=")
         if out is not None:
-            if torch.is_autocast_enabled(x.device.type):
+            if autocasting(x):
                 raise PlanError("SpectralConv: out= is not supported under torch.autocast")
             if self.bias is not None:
                 bias = replicate_over(self.mesh, self.bias)
@@ -318,7 +319,7 @@ class SpectralConv(ComplexModule):
             if constant is not None:
                 y.add_(constant.view(-1, *[1] * self.ndim))
             return y
-        if torch.is_autocast_enabled(x.device.type):
+        if autocasting(x):
             with torch.autocast(x.device.type, enabled=False):
                 x = x.to(self.precision() if self.real else complex_dtype(self.precision()))
                 return self._add_bias(self._convolve(x, layout))
