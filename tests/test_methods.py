@@ -1,16 +1,21 @@
 """drift.nn.methods: the name-to-class mapping, the auto candidates, and dfno-pruned's weight placements
-computed without a plan against the plans' own output placements."""
+computed without a plan against the plans' own output placements; the method a SpectralConv holds (its
+name, its object, "auto" resolved once by drift.nn.resolve_methods, the deprecated setter)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 from harness import device_for
 from meshes import mesh_for
+from reference import rel_err
 from torch.distributed.tensor import Replicate, Shard
 
+from drift import PlanError
 from drift.fft import DistributedFFT, pruned_output_placements
 from drift.layout import device_mesh
+from drift.nn import FNO, SpectralConv, resolve_methods
 from drift.nn.methods import METHODS, Dfno, Drift, PrunedDfno, candidates, method_named
 
 
@@ -57,3 +62,38 @@ def _placements_without_a_plan():
 
 def test_pruned_weight_placements_need_no_plan(ranks):
     assert ranks.run(4, _placements_without_a_plan) == [16] * 4
+
+
+def test_a_layer_holds_its_method_and_reads_its_name():
+    for name in METHODS:
+        layer = SpectralConv(2, 3, (2, 2), method=name)
+        assert layer.method == name and layer.spectral_method is method_named(name)
+    auto = SpectralConv(2, 3, (2, 2), method="auto")
+    assert auto.method == "auto" and auto.choice is None
+    with pytest.raises(PlanError, match="method='auto' is chosen at parallelize or at the first input"):
+        _ = auto.spectral_method
+
+
+def test_resolve_methods_resolves_auto_once_and_leaves_set_methods():
+    model = FNO(2, 1, 4, (2, 2, 2), n_layers=2, method="auto")
+    model.blocks[1].spectral = SpectralConv(4, 4, (2, 2, 2), method="dfno")
+    resolve_methods(model, (16, 16, 16))
+    first = model.blocks[0].spectral
+    assert first.method == "drift" and first.choice.method == "drift" and model.blocks[1].spectral.method == "dfno"
+    choice = first.choice
+    resolve_methods(model, (64, 64, 64))  # resolved: nothing changes
+    assert first.choice is choice and first.spectral_method is method_named("drift")
+
+
+def test_setting_the_method_is_deprecated_and_rebuilds_the_plans():
+    torch.manual_seed(2)
+    layer = SpectralConv(2, 3, (2, 2), method="drift", dtype=torch.float64)
+    x = torch.randn(2, 2, 8, 6, dtype=torch.float64)
+    layer(x)
+    with pytest.warns(DeprecationWarning, match="setting SpectralConv.method is deprecated"):
+        layer.method = "dfno"
+    explicit = SpectralConv(2, 3, (2, 2), method="dfno", dtype=torch.float64)
+    explicit.load_state_dict(layer.state_dict())
+    assert layer.method == "dfno" and rel_err(layer(x), explicit(x)) <= 1e-12
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="method must be one of"):
+        layer.method = "fft"

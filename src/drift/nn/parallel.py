@@ -14,9 +14,8 @@ from drift import comm
 from drift.layout import reduction_mesh
 from drift.nn.auto import Machine, choose_reduction
 from drift.nn.factorized import FactorizedWeight
-from drift.nn.methods import candidates
 from drift.nn.replicated import Replicated
-from drift.nn.spectral import AUTO, SpectralConv
+from drift.nn.spectral import AUTO, SpectralConv, resolve_methods
 
 
 def _roles(mesh, placements: Sequence, d: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -102,9 +101,12 @@ def parallelize(
     if chosen_reduction:
         reduction = _choose_reduction(layers, mesh, placements, spatial_axes, global_shape, machine, reduction)
     if any(m.method == AUTO for m in layers):
+        # Costed with drift's reduction and overlap as given; every rank chooses alike (the model is deterministic).
+        parts = _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, "method='auto'")
         drift_only = (reduction is not None and not chosen_reduction) or overlap != 1
-        where = (mesh, placements, spatial_axes, global_shape, machine, split)
-        _choose_methods(layers, *where, drift_only, reduction)
+        shape = tuple(reduction.shape) if isinstance(reduction, DeviceMesh) else reduction
+        machine = machine or Machine.default(mesh.device_type)
+        resolve_methods(model, global_shape, parts, machine=machine, reduction=shape, drift_options=drift_only)
         if chosen_reduction and any(not m.spectral_method.takes_reduction for m in layers):
             reduction = None  # the model found a method that takes no reduction mesh faster
     for module in layers:
@@ -174,19 +176,6 @@ def _choose_reduction(layers, mesh, placements, spatial_axes, global_shape, mach
     machine = machine or Machine.default(mesh.device_type)
     channels = dict(in_channels=layer.in_channels, out_channels=layer.out_channels)
     return choose_reduction(parts, spectrum_bytes, **channels, machine=machine)
-
-
-def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, drift_only, reduction):
-    """Resolve the ``method="auto"`` layers for inputs of ``global_shape`` on this mesh, drift costed with
-    ``reduction`` (the same choice on every rank: the model is deterministic); ValueError without
-    ``global_shape``."""
-    parts = _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, "method='auto'")
-    machine = machine or Machine.default(mesh.device_type)
-    shape = tuple(reduction.shape) if isinstance(reduction, DeviceMesh) else reduction
-    for layer in (m for m in layers if m.method == AUTO):
-        padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
-        choices = candidates(padded_split=padded_split, drift_options=drift_only, every_dim_split=all(split))
-        layer.choose_method(tuple(global_shape), parts, machine, choices, reduction=shape)
 
 
 def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple:

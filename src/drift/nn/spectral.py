@@ -21,6 +21,7 @@ of ``W``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -41,9 +42,18 @@ from drift.nn.replicated import replicate_over
 from drift.profiling import phase
 from drift.recording import autocasting
 
-__all__ = ["AUTO", "METHODS", "SpectralConv", "layout_of", "mix_channels", "mode_counts", "spectral_weight"]
+__all__ = [
+    "AUTO",
+    "METHODS",
+    "SpectralConv",
+    "layout_of",
+    "mix_channels",
+    "mode_counts",
+    "resolve_methods",
+    "spectral_weight",
+]
 
-AUTO = "auto"  # a method chosen by drift.nn.auto's cost model (at parallelize, or at the first input on one device)
+AUTO = "auto"  # a method chosen by drift.nn.auto's cost model (resolve_methods)
 MAX_PLANS = 4  # plans kept per layer (resolutions and layouts met most recently)
 
 
@@ -69,8 +79,9 @@ class SpectralConv(ComplexModule):
         modes: retained modes per spatial dim (1 to 4 dims): Li et al.'s k, or explicit frequency lists
             (see ``drift.modes.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (``drift.nn.methods``), which compute the same function,
-            or "auto" (the one ``drift.nn.auto``'s cost model predicts fastest, at ``parallelize`` or at
-            the first input on one device).
+            or "auto" (the one ``drift.nn.auto``'s cost model predicts fastest, chosen once by
+            ``resolve_methods`` where the grid and mesh are known: at ``parallelize``, or at the first
+            input on one device).
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
         bias: add a real per-channel bias ``(out,)`` to the output (neuraloperator's ``bias=True``),
             drawn after the weight as neuraloperator's, ``sqrt(2 / (in + out))`` times a normal;
@@ -92,6 +103,9 @@ class SpectralConv(ComplexModule):
     and output are plain tensors on one device, or DTensors once the layer (or its model) is
     parallelized by ``drift.nn.parallelize``. Under ``torch.autocast`` the transform and the
     channel mixing run in the weight's precision (float32 / complex64) and return it.
+
+    ``method`` reads the method's name ("auto" until it is resolved), ``spectral_method`` the
+    ``drift.nn.methods`` object the layer holds, ``choice`` what "auto" chose and why.
     """
 
     def __init__(
@@ -112,11 +126,10 @@ class SpectralConv(ComplexModule):
     ) -> None:
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
-        if method != AUTO:
-            method_named(method)  # ValueError naming the choices
+        self._method = None if method == AUTO else method_named(method)  # ValueError naming the choices
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"channel counts must be positive, got {in_channels} and {out_channels}")
-        self.in_channels, self.out_channels, self.method, self.real = in_channels, out_channels, method, real
+        self.in_channels, self.out_channels, self.real = in_channels, out_channels, real
         self.mode_shape = mode_counts(modes, real)
         self.mode_spec = tuple(m if isinstance(m, int) else tuple(m) for m in modes)
         self.domain_padding = padding_fractions(domain_padding, len(self.mode_shape))
@@ -172,11 +185,33 @@ class SpectralConv(ComplexModule):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
+    def method(self) -> str:
+        """The method's name: "drift", "dfno" or "dfno-pruned", or "auto" until ``resolve_methods``."""
+        return AUTO if self._method is None else self._method.name
+
+    @method.setter
+    def method(self, name: str) -> None:
+        """Deprecated: the method is chosen at construction, "auto" resolved by ``resolve_methods``. On one
+        device the layer then computes with ``name`` (its plans are rebuilt); a parallelized layer
+        refuses (its weight is stored as its method places it)."""
+        warnings.warn(
+            "setting SpectralConv.method is deprecated: choose it at construction (method=...), and resolve "
+            "'auto' with drift.nn.resolve_methods",
+            DeprecationWarning,
+            stacklevel=3,  # past torch's Module.__setattr__, to the assignment
+        )
+        if self.mesh is not None:
+            raise ValueError(f"{type(self).__name__} is parallelized for method {self.method!r}: build another layer")
+        self._method = None if name == AUTO else method_named(name)
+        self.choice = None
+        self.plans.clear()
+
+    @property
     def spectral_method(self) -> SpectralMethod:
-        """The ``drift.nn.methods`` class instance of ``method`` (PlanError while it is "auto")."""
-        if self.method == AUTO:
+        """The ``drift.nn.methods`` object the layer computes with (PlanError while ``method`` is "auto")."""
+        if self._method is None:
             raise PlanError(f"{type(self).__name__}: method='auto' is chosen at parallelize or at the first input")
-        return method_named(self.method)
+        return self._method
 
     @property
     def ndim(self) -> int:
@@ -227,8 +262,9 @@ class SpectralConv(ComplexModule):
     ) -> None:
         """Resolve ``method="auto"`` for inputs of ``global_shape`` split ``parts`` ways per dim (drift with
         ``reduction``, a reduction mesh shape): of ``choices`` (default ``drift.nn.methods.candidates()``)
-        the one ``drift.nn.auto.choose_method`` models fastest becomes ``method``, its reasons ``choice``."""
-        if self.method != AUTO:
+        the one ``drift.nn.auto.choose_method`` models fastest becomes ``method``, its reasons ``choice``.
+        ``resolve_methods`` calls it with the choices that can run there."""
+        if self._method is not None:
             raise ValueError(f"choose_method resolves method='auto'; this layer's method is {self.method!r}")
         padding = self.padding_at(global_shape)
         padded = tuple(n + b + a for n, (b, a) in zip(global_shape, padding, strict=True))
@@ -244,12 +280,12 @@ class SpectralConv(ComplexModule):
             costs=[m.cost for m in (candidates() if choices is None else choices)],
             reduction=reduction,
         )
-        self.method = self.choice.method
+        self._method = method_named(self.choice.method)
 
     @torch.inference_mode(False)  # a plan first built in an inference pass must serve training later
     def _build_plan(self, layout: Layout) -> nn.Module:
-        if self.method == AUTO:  # on one device: the model needs only the resolution, no weight moves
-            self.choose_method(layout.global_shape, layout.parts, Machine.default(self.weight.device.type))
+        if self._method is None:  # on one device (parallelize resolves): the grid is known now, no weight moves
+            resolve_methods(self, layout.global_shape, layout.parts)
         padding = self.padding_at(layout.global_shape)
         padded = tuple(n + b + a for n, (b, a) in zip(layout.global_shape, padding, strict=True))
         try:
@@ -258,7 +294,7 @@ class SpectralConv(ComplexModule):
             note = f" (padded to {padded})" if padded != layout.global_shape else ""
             raise PlanError(f"{type(self).__name__} at resolution {layout.global_shape}{note}: {exc}") from None
         self.check_padding_split([p > 1 for p in layout.parts])
-        return self.spectral_method.plan(self, layout, modes, padding)
+        return self._method.plan(self, layout, modes, padding)
 
     def precision(self) -> torch.dtype:
         """The real precision the layer computes in: its weight's (PlanError unless float32 or float64)."""
@@ -334,7 +370,7 @@ class SpectralConv(ComplexModule):
         """Whether ``forward_local(out=...)`` adds constants in the spectrum: "drift" on a real or complex
         field whose kept modes hold frequency 0 on every dim."""
         plan = self.plan(layout)  # resolves method="auto" first
-        return self.spectral_method.folds_constants(plan)
+        return self._method.folds_constants(plan)
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         if self.bias is None:
@@ -344,7 +380,7 @@ class SpectralConv(ComplexModule):
     def _local_weight(self, plan: nn.Module) -> torch.Tensor:
         """The part of the weight this rank multiplies for ``plan``, ``(in, out, *its modes)``, its gradient
         summed over the ranks that share it (``SpectralMethod.weight_index``)."""
-        w, method = self.weight, self.spectral_method
+        w, method = self.weight, self._method  # resolved by the plan
         if isinstance(w, FactorizedWeight):
             return w.block(method.weight_index(plan))
         if isinstance(w, DTensor):
@@ -360,10 +396,40 @@ class SpectralConv(ComplexModule):
     ) -> torch.Tensor:
         """The convolution's output (into ``out`` when given); a method that folds constants adds
         ``constant`` ``(out,)`` to every point through the constant mode."""
-        plan, method = self.plan(layout), self.spectral_method
+        plan = self.plan(layout)  # resolves method="auto" first
+        method = self._method
         with phase("multiply"):
             w = self._local_weight(plan)
         return method.convolve(self, plan, x, w, self.padding_at(layout.global_shape), out, constant)
+
+
+def resolve_methods(
+    model: nn.Module,
+    global_shape: Sequence[int],
+    parts: Sequence[int] | None = None,
+    *,
+    machine: Machine | None = None,
+    reduction: Sequence[int] | None = None,
+    drift_options: bool = False,
+) -> None:
+    """Resolve ``method="auto"`` in every ``SpectralConv`` of ``model`` (``model`` itself one included), once,
+    for inputs of the spatial extents ``global_shape`` split ``parts`` ways per dim (default: one device):
+    of the methods that can run so (``drift.nn.methods.candidates``: none padding the tensor on a split
+    dim, none needing a whole dim when every dim is split, drift only with ``drift_options``, a reduction
+    or overlap of drift's) the one ``drift.nn.auto``'s cost model predicts fastest on ``machine`` (default
+    ``Machine.default`` of the layer's weight's device type), drift costed with ``reduction`` (a reduction
+    mesh shape), becomes the layer's method (``choose_method``). Layers whose method is set are left as
+    they are. ``parallelize`` calls it with the mesh's split, and a layer on one device at its first
+    input; call it to choose before either (``drift train`` does, to print the choice)."""
+    for layer in model.modules():
+        if not isinstance(layer, SpectralConv) or layer._method is not None:
+            continue
+        ranks = (1,) * layer.ndim if parts is None else tuple(parts)
+        split = [p > 1 for p in ranks]
+        padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
+        choices = candidates(padded_split=padded_split, drift_options=drift_options, every_dim_split=all(split))
+        on = machine or Machine.default(layer.weight.device.type)
+        layer.choose_method(tuple(global_shape), ranks, on, choices, reduction=reduction)
 
 
 def layout_of(x: torch.Tensor, d: int, mesh, placements) -> tuple[Layout, torch.Tensor]:
