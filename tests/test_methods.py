@@ -1,6 +1,7 @@
 """drift.nn.methods: the name-to-class mapping, the auto candidates, and dfno-pruned's weight placements
 computed without a plan against the plans' own output placements; the method a SpectralConv holds (its
-name, its object, "auto" resolved once by drift.nn.resolve_methods, the deprecated setter)."""
+name, its object, "auto" resolved once by drift.nn.resolve_methods, the deprecated setter) and a layer
+distributing itself (SpectralConv.distribute_)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import torch.distributed as dist
 from harness import device_for
 from meshes import mesh_for
 from reference import rel_err
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+import drift
 from drift import PlanError
 from drift.fft import DistributedFFT, pruned_output_placements
-from drift.layout import device_mesh
+from drift.layout import device_mesh, shift_placements, to_dtensor
 from drift.nn import FNO, SpectralConv, resolve_methods
 from drift.nn.methods import METHODS, Dfno, Drift, PrunedDfno, candidates, method_named
 
@@ -97,3 +99,43 @@ def test_setting_the_method_is_deprecated_and_rebuilds_the_plans():
     assert layer.method == "dfno" and rel_err(layer(x), explicit(x)) <= 1e-12
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="method must be one of"):
         layer.method = "fft"
+
+
+def _distributed_layer():
+    """A lone layer distributes itself as parallelize would: refusals before any collective, then the
+    first rank's weight stored as its method places it, and the single-device function."""
+    device = device_for(dist.get_rank())
+    mesh, field = mesh_for((2, 1))
+    placements = shift_placements(field, 2)
+    torch.manual_seed(5 + dist.get_rank())  # each rank draws its own: the first rank's values win
+    layer = SpectralConv(2, 3, (2, 2), method="dfno-pruned", bias=True, dtype=torch.float64, device=device)
+    auto = SpectralConv(2, 3, (2, 2), method="auto", device=device)
+    errors = []
+    with drift.comm_log() as log:
+        for bad, options in [(auto, {}), (layer, {"overlap": 2}), (layer, {"reduction": mesh})]:
+            try:
+                bad.distribute_(mesh, placements, **options)
+            except (PlanError, ValueError) as exc:
+                errors.append(str(exc))
+    untouched = log.calls == [] and auto.mesh is None and layer.mesh is None and not isinstance(layer.weight, DTensor)
+    first = [
+        distribute_tensor(t.detach(), mesh, (Replicate(),), src_data_rank=0).to_local() for t in layer.parameters()
+    ]
+    assert layer.distribute_(mesh, placements) is layer
+    stored = isinstance(layer.weight, DTensor) and layer.weight.placements == layer.weight_placements(mesh, placements)
+    same = torch.equal(layer.weight.full_tensor(), first[0]) and torch.equal(layer.bias, first[1])
+    x = torch.randn(2, 2, 8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+    block = distribute_tensor(x, mesh, placements, src_data_rank=None).to_local()
+    y = layer(to_dtensor(block, mesh, placements, x.shape)).full_tensor().cpu()
+    single = SpectralConv(2, 3, (2, 2), method="dfno-pruned", bias=True, dtype=torch.float64)
+    single.load_state_dict({"weight": first[0].cpu(), "bias": first[1].cpu()})
+    with pytest.raises(ValueError, match="already parallelized"):
+        layer.distribute_(mesh, placements)
+    return errors, untouched and stored and same, rel_err(y, single(x.cpu()))
+
+
+def test_a_layer_distributes_itself(ranks):
+    for errors, kept, err in ranks.run(2, _distributed_layer):
+        assert "method='auto' is chosen at parallelize" in errors[0]
+        assert all("apply to method 'drift' only, not 'dfno-pruned'" in e for e in errors[1:]) and len(errors) == 3
+        assert kept and err <= 1e-12

@@ -9,9 +9,9 @@ retained modes, per dim ``0..k-1`` then ``-k..-1`` (``0..k-1`` on the last dim o
 ``domain_padding`` ``x`` is zero-padded first, the modes are those of the padded extents, and ``y`` is
 cropped back to ``x``'s points (``drift.nn.padding``). The resolution comes from the input: a plan is
 built for each global shape the layer meets and kept in a small cache. Built on one device the layer
-is an ordinary module; ``drift.nn.parallelize`` makes it distributed, and the methods
-(``drift.nn.methods``: "drift", "dfno-pruned", "dfno") differ in how the spectrum is reached and which
-share of ``W`` a rank stores (its ``weight`` is then a DTensor).
+is an ordinary module; ``drift.nn.parallelize`` makes it distributed (``SpectralConv.distribute_``), and
+the methods (``drift.nn.methods``: "drift", "dfno-pruned", "dfno") differ in how the spectrum is reached
+and which share of ``W`` a rank stores (its ``weight`` is then a DTensor).
 
 With ``factorization`` ("tucker" or "cp", neuraloperator's TFNO / CP-FNO) ``W`` is held as small
 factors (``drift.nn.factorized``), replicated on every rank, their gradients summed over the mesh; each
@@ -31,14 +31,14 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from drift import comm
 from drift._plan import ComplexModule, complex_dtype, real_dtype
 from drift.errors import PlanError
-from drift.layout import Layout, dtensor_layout, to_dtensor
+from drift.layout import Layout, dtensor_layout, input_roles, to_dtensor
 from drift.modes import ModeSpec, mode_counts, mode_lists
 from drift.nn.auto import Machine, MethodChoice, choose_method
 from drift.nn.factorized import FactorizedWeight
 from drift.nn.methods import METHODS, SpectralMethod, candidates, method_named
 from drift.nn.mixing import mix_channels
 from drift.nn.padding import check_padding_mode, padding_at, padding_fractions
-from drift.nn.replicated import replicate_over
+from drift.nn.replicated import first_rank_value, replicate_over
 from drift.profiling import phase
 from drift.recording import autocasting
 
@@ -147,9 +147,9 @@ class SpectralConv(ComplexModule):
         else:
             self.bias = None
         self.mesh = None
-        self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
-        self.reduction = None  # set by parallelize: drift's reduction mesh, or None (one step per mesh dim)
-        self.overlap = 1  # set by parallelize: drift's pieces of the spectrum's collectives (drift.overlap)
+        self.input_placements: tuple | None = None  # set by distribute_: the placements inputs must have
+        self.reduction = None  # set by distribute_: drift's reduction mesh, or None (one step per mesh dim)
+        self.overlap = 1  # set by distribute_: drift's pieces of the spectrum's collectives (drift.overlap)
         self.data_axes: tuple[int, ...] = ()
         self.plans = nn.ModuleDict()
         self.choice: MethodChoice | None = None  # what method="auto" chose, and why
@@ -237,6 +237,49 @@ class SpectralConv(ComplexModule):
                 f"on spatial dims split over ranks (dims {dims}): use method='drift' (implicit padding) or pad "
                 "only the dims the mesh leaves whole"
             )
+
+    # Distributed over a mesh.
+
+    def weight_placements(self, mesh, placements: Sequence) -> tuple:
+        """How the layer stores its weight over ``mesh`` for inputs placed as ``placements`` (one per mesh
+        dim, as ``drift.layout.input_roles`` takes them): its method's share on each rank. ValueError for
+        placements drift cannot take or a layout the method cannot (dfno-pruned with every dim split)."""
+        roles = input_roles(mesh, placements, self.ndim)
+        return self.spectral_method.weight_placements(self, mesh, roles.placements, roles.spatial_axes)
+
+    @torch.no_grad()
+    def distribute_(self, mesh, placements: Sequence, *, reduction=None, overlap: int = 1) -> SpectralConv:
+        """Make the layer distributed over ``mesh``, in place, for inputs placed as ``placements``; returns
+        it. ``drift.nn.parallelize`` calls it for each layer of a model once the whole model is checked.
+
+        The weight takes the values of the mesh's first rank and becomes a DTensor stored as the method
+        places it (``weight_placements``), replicated over the data-parallel dims; the bias and a
+        factorized weight's factors become plain tensors, the first rank's on every rank. ``reduction``
+        (a ``drift.reduction_mesh`` or None) and ``overlap`` (pieces) shape drift's collectives
+        (``drift.TruncatedFFT``). Plans built before are dropped. Before any change or collective:
+        PlanError while ``method`` is "auto" (``resolve_methods``) or for a dfno method padding a split
+        dim; ValueError when the layer is already distributed, for placements or a layout the method
+        cannot take, or a reduction or overlap given to another method than drift."""
+        if self.mesh is not None:
+            raise ValueError(f"{type(self).__name__} is already parallelized over {self.mesh}")
+        roles = input_roles(mesh, placements, self.ndim)
+        self.check_padding_split([p > 1 for p in roles.parts])
+        if (reduction is not None or overlap != 1) and not self.spectral_method.takes_reduction:
+            raise ValueError(f"reduction and overlap apply to method 'drift' only, not {self.method!r}")
+        weight_placements = self.weight_placements(mesh, roles.placements)
+        self.mesh, self.input_placements, self.data_axes = mesh, roles.placements, roles.data_axes
+        for name, param in list(self.named_parameters(recurse=False)):
+            value = param.detach()
+            if name == "weight":  # a dense one (a factorized weight is a module: its factors follow)
+                stored = distribute_tensor(value, mesh, weight_placements)
+            else:
+                stored = first_rank_value(mesh, value)
+            setattr(self, name, nn.Parameter(stored, requires_grad=param.requires_grad))
+        if isinstance(self.weight, FactorizedWeight):
+            self.weight.distribute_(mesh)
+        self.reduction, self.overlap = reduction, overlap
+        self.plans.clear()
+        return self
 
     # Plans, one per layout met.
 
