@@ -7,6 +7,10 @@
   implementation of the same step (``torch.optim.adam.adam``).
 - ``exit_now``: end a process after running its exit handlers (``atexit._run_exitfuncs``) without the
   interpreter's teardown; without it, a normal ``sys.exit``.
+- ``ConversionHooks``: a module's conversions (``.to``, ``.cuda``, ``.double``, ``to_empty``, ...) seen by
+  the module, through ``Module._apply``, the one path torch converts every module by. No public API sees
+  a conversion, so there is no fallback: drift overrides ``_apply`` here only, and its conversion tests
+  (``.double()`` of a plan, a model's ``.to``) fail on a torch that converts otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 from collections.abc import Callable
 
 import torch
+from torch import nn
 from torch.optim.adam import adam as _adam_for_each
 
 _use_count = getattr(getattr(torch, "_C", None), "_storage_Use_Count", None)
@@ -73,3 +78,25 @@ def exit_now(code: int = 0) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+class ConversionHooks(nn.Module):
+    """A module told of its conversions. A conversion runs ``_before_conversion()`` (release what it makes
+    stale), then applies ``_conversion(fn)`` in place of torch's ``fn`` to the module's tensors and its
+    children's (each child running its own hooks), then ``_after_conversion()`` (rebuild from the converted
+    tensors); it returns the module. The hooks do nothing unless overridden."""
+
+    def _conversion(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        return fn
+
+    def _before_conversion(self) -> None:
+        pass
+
+    def _after_conversion(self) -> None:
+        pass
+
+    def _apply(self, fn, recurse=True):
+        self._before_conversion()
+        super()._apply(self._conversion(fn), recurse)
+        self._after_conversion()
+        return self

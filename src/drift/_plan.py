@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
-from torch import nn
 
+from drift._compat import ConversionHooks
 from drift.errors import PlanError
 
 
@@ -45,7 +46,7 @@ def real_dtype(dtype: torch.dtype) -> torch.dtype:
     return _REAL.get(dtype, dtype)
 
 
-class ComplexModule(nn.Module):
+class ComplexModule(ConversionHooks):
     """A module whose complex parameters and buffers follow conversions as their real precision does.
 
     torch's ``Module.to(torch.float64)`` casts a complex tensor to a real one (dropping the imaginary
@@ -55,9 +56,9 @@ class ComplexModule(nn.Module):
     (``to_empty``, ``share_memory``, a move) it applies as it is. Children get the same treatment.
     """
 
-    def _apply(self, fn, recurse=True):
+    def _conversion(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
         if getattr(fn, "_complex_aware", False):
-            return super()._apply(fn, recurse)
+            return fn
 
         def apply(t: torch.Tensor) -> torch.Tensor:
             if not t.is_complex():
@@ -72,7 +73,7 @@ class ComplexModule(nn.Module):
             return t.to(device=probe.device, dtype=target)
 
         apply._complex_aware = True
-        return super()._apply(apply, recurse)
+        return apply
 
 
 def check_input(

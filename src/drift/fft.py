@@ -338,9 +338,8 @@ class DistributedFFT(ComplexModule):
     def device(self) -> torch.device:
         return self.anchor.device
 
-    def _apply(self, fn, recurse=True):
+    def _before_conversion(self) -> None:
         self._workspace.clear()
-        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         return (

@@ -14,6 +14,7 @@ import itertools
 import math
 import operator
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -349,6 +350,46 @@ def reduction_mesh(mesh, spatial_axes: Sequence[int], shape: Sequence[int], *, t
     names = tuple(f"reduction{i}" for i in range(len(shape)))
     ranks = field_ranks(mesh, spatial_axes).reshape(shape)
     return DeviceMesh.from_group(groups, mesh.device_type, ranks, mesh_dim_names=names)
+
+
+class InputRoles(NamedTuple):
+    """What each mesh dim does to a model's inputs ``(batch, channels, *spatial)`` (``input_roles``)."""
+
+    placements: tuple  # the placements, each Shard's dim made non-negative
+    data_axes: tuple[int, ...]  # the mesh dims that shard the batch (data parallel)
+    spatial_axes: tuple[int, ...]  # the mesh dims that split a spatial dim
+    parts: tuple[int, ...]  # ranks per spatial dim
+
+
+def input_roles(mesh, placements: Sequence, d: int) -> InputRoles:
+    """The roles of ``mesh``'s dims for inputs ``(batch, channels, *d spatial dims)`` placed as
+    ``placements``, one per mesh dim: each shards the batch (``Shard(0)``) or one spatial dim
+    (``Shard(2)`` .. ``Shard(d + 1)``), or is a ``Replicate`` of one rank; ValueError naming the mesh dim
+    for anything else."""
+    if len(placements) != mesh.ndim:
+        raise ValueError(f"placements {tuple(placements)} need one entry per dim of the {tuple(mesh.shape)} mesh")
+    data, spatial, seen = [], [], set()
+    for axis, p in enumerate(placements):
+        if isinstance(p, Shard) and not -(2 + d) <= p.dim < 2 + d:
+            raise ValueError(f"mesh dim {axis}: {p!r} is out of range for inputs of {2 + d} dims")
+        if isinstance(p, Shard) and p.dim % (2 + d) == 0:
+            data.append(axis)
+        elif isinstance(p, Shard) and p.dim % (2 + d) >= 2:
+            dim = p.dim % (2 + d)
+            if dim in seen:
+                raise ValueError(f"mesh dim {axis}: spatial dim {dim} is already split by another mesh dim")
+            seen.add(dim)
+            spatial.append(axis)
+        elif isinstance(p, Replicate) and mesh.size(axis) == 1:
+            continue
+        else:
+            raise ValueError(
+                f"mesh dim {axis} ({mesh.size(axis)} ranks) has placement {p!r}: each mesh dim must shard the batch "
+                f"(Shard(0), data parallel) or a spatial dim (Shard(2) .. Shard({d + 1})) of the input"
+            )
+    placements = tuple(Shard(p.dim % (2 + d)) if isinstance(p, Shard) else p for p in placements)
+    parts = tuple(math.prod(mesh.size(a) for a in spatial if placements[a].dim == 2 + i) for i in range(d))
+    return InputRoles(placements, tuple(data), tuple(spatial), parts)
 
 
 def dtensor_layout(x: DTensor, d: int, *, batch_axes_ok: bool) -> tuple[Layout, tuple[int, ...]]:

@@ -231,16 +231,16 @@ class TruncatedFFT(ComplexModule):
             f"order={self.order}, inverse_order={self.inverse_order}{reduction}"
         )
 
-    @torch.inference_mode(False)
-    def _apply(self, fn, recurse=True):
+    def _before_conversion(self) -> None:
+        self._workspace.clear()
+
+    @torch.inference_mode(False)  # bases rebuilt during an inference pass must serve training later
+    def _after_conversion(self) -> None:
         """After a conversion the bases are rebuilt from float64 in the new precision and place, so a
         plan made in float32 and converted by ``.double()`` is exact in float64."""
-        self._workspace.clear()
-        super()._apply(fn, recurse)
         dtype, device = self.dtype, self.device
         if dtype in (torch.float32, torch.float64):
             self._build_stages(dtype, complex_dtype(dtype), device)
-        return self
 
     def _build_stages(self, dtype, cdtype, device) -> None:
         """The four maps' stages: forward and inverse-adjoint contract in ``order``'s direction (real input

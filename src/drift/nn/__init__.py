@@ -18,7 +18,7 @@ from drift.nn.norm import GlobalNorm
 from drift.nn.parallel import clip_grad_norm_, parallelize
 from drift.nn.pointwise import ChannelMLP, PointwiseLinear, SoftGating, skip_connection
 from drift.nn.replicated import Replicated
-from drift.nn.spectral import AUTO, METHODS, SpectralConv, mode_counts, spectral_weight
+from drift.nn.spectral import AUTO, METHODS, SpectralConv, mode_counts, resolve_methods, spectral_weight
 
 __all__ = [
     "AUTO",
@@ -45,6 +45,7 @@ __all__ = [
     "mode_counts",
     "neuralop_n_modes",
     "parallelize",
+    "resolve_methods",
     "skip_connection",
     "spectral_weight",
     "to_neuralop",

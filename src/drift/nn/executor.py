@@ -33,7 +33,7 @@ from drift.nn.chunked import (
 from drift.nn.pointwise import PointwiseLinear
 from drift.nn.spectral import SpectralConv
 from drift.profiling import phase
-from drift.recording import recorded
+from drift.recording import autocasting, recorded
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -56,7 +56,7 @@ def fno_block(
     path."""
     # Outside autograd, drift adds W's bias to K's constant mode, sparing a pass over the block.
     fold = out is not None and pointwise.bias is not None and spectral.folds_constants(layout)
-    autocast = torch.is_autocast_enabled(x.device.type)
+    autocast = autocasting(x)
     # K's and W's gradients of x are summed into a pooled tensor (drift.nn.chunked.branch).
     split = recorded(x) and not x.is_complex() and not autocast
     x_spectral, x_skip = branch(x) if split else (x, x)
@@ -100,7 +100,7 @@ class Executor:
         autograd = recorded(x, *params)
         if autograd:
             self.clear()
-        if not plain or autograd or torch.is_autocast_enabled(x.device.type):
+        if not plain or autograd or autocasting(x):
             return repeat(None)
         shape = (x.shape[0], width, *x.shape[2:])
         return cycle([self._work.get(("activation", i), shape, dtype, x.device) for i in range(2)])
@@ -113,7 +113,7 @@ class Executor:
         which recomputes it per chunk (``chunked_mlp``; complex data ``chunked_pointwise``); outside
         autograd through resident chunk-sized buffers (``mlp_unrecorded``). Under autocast, in one
         piece."""
-        if torch.is_autocast_enabled(x.device.type):
+        if autocasting(x):
             return out(activate(non_linearity, hidden(x)))
         params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]
         if not recorded(x, *params):

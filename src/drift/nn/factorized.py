@@ -29,6 +29,7 @@ from torch import nn
 
 from drift import comm
 from drift._plan import ComplexModule, complex_dtype
+from drift.nn.replicated import first_rank_value
 
 FACTORIZATIONS = ("tucker", "cp")
 
@@ -182,6 +183,14 @@ class FactorizedWeight(ComplexModule):
     @property
     def device(self) -> torch.device:
         return self.factors[0].device
+
+    @torch.no_grad()
+    def distribute_(self, mesh) -> None:
+        """Replicate the factors over ``mesh``, in place (each takes the mesh's first rank's value on every
+        rank), their gradients summed over it from then on (``block``)."""
+        self.mesh = mesh
+        for param in self.parameters():
+            param.copy_(first_rank_value(mesh, param.detach()))
 
     def block(self, index: Sequence[Index] = ()) -> torch.Tensor:
         """The dense weight at ``index`` (per dim of ``shape``: None for all entries, a slice, or 1-D

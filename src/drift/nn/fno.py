@@ -11,6 +11,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
+from drift._compat import ConversionHooks
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
 from drift.modes import ModeSpec
@@ -22,6 +23,7 @@ from drift.nn.norm import NORMS
 from drift.nn.pointwise import SKIPS, PointwiseLinear
 from drift.nn.spectral import layout_of
 from drift.profiling import phase
+from drift.recording import autocasting
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
 
@@ -47,7 +49,7 @@ def _channels(option: str, ratio: float, width: int, allow_zero: bool) -> int:
     return channels
 
 
-class FNO(nn.Module):
+class FNO(ConversionHooks):
     """A Fourier neural operator on ``(batch, in_channels, *spatial)`` fields of any resolution.
 
     By default Li et al.'s model: a pointwise lift to ``width`` channels, ``n_layers`` blocks ``x =
@@ -215,7 +217,7 @@ class FNO(nn.Module):
         if x.shape[1] != channels:
             raise ValueError(f"FNO expects {channels} input channels, got shape {tuple(x.shape)}")
         dtype = self.lift.weight.dtype
-        if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        if x.dtype != dtype and not autocasting(x):
             raise PlanError(
                 f"FNO input is {x.dtype}, the model's parameters are {dtype}: convert one (model.to(dtype)) "
                 "or run under torch.autocast"
@@ -243,9 +245,8 @@ class FNO(nn.Module):
         with phase("lift+projection"):
             return self.executor.project(self.project_hidden, self.project_out, self.non_linearity, x)
 
-    def _apply(self, fn, recurse=True):
+    def _before_conversion(self) -> None:
         self.executor.clear()
-        return super()._apply(fn, recurse)
 
 
 # Where block i's parts were before the FNO was a stack of FNOBlocks (commit 9ebfdf8): (part, the former

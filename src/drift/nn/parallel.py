@@ -8,42 +8,13 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 
 from drift import comm
 from drift.cost import Machine, choose_reduction
-from drift.layout import reduction_mesh
-from drift.nn.factorized import FactorizedWeight
-from drift.nn.methods import candidates
+from drift.layout import input_roles, reduction_mesh
 from drift.nn.replicated import Replicated
-from drift.nn.spectral import AUTO, SpectralConv
-
-
-def _roles(mesh, placements: Sequence, d: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The data-parallel mesh dims (``Shard(0)``) and the spatial ones (``Shard(i)``, i >= 2) of input
-    placements for ``(batch, channels, *d spatial dims)``; ValueError for anything else."""
-    if len(placements) != mesh.ndim:
-        raise ValueError(f"placements {tuple(placements)} need one entry per dim of the {tuple(mesh.shape)} mesh")
-    data, spatial, seen = [], [], set()
-    for axis, p in enumerate(placements):
-        if isinstance(p, Shard) and not -(2 + d) <= p.dim < 2 + d:
-            raise ValueError(f"mesh dim {axis}: {p!r} is out of range for inputs of {2 + d} dims")
-        if isinstance(p, Shard) and p.dim % (2 + d) == 0:
-            data.append(axis)
-        elif isinstance(p, Shard) and p.dim % (2 + d) >= 2:
-            dim = p.dim % (2 + d)
-            if dim in seen:
-                raise ValueError(f"mesh dim {axis}: spatial dim {dim} is already split by another mesh dim")
-            seen.add(dim)
-            spatial.append(axis)
-        elif isinstance(p, Replicate) and mesh.size(axis) == 1:
-            continue
-        else:
-            raise ValueError(
-                f"mesh dim {axis} ({mesh.size(axis)} ranks) has placement {p!r}: each mesh dim must shard the batch "
-                f"(Shard(0), data parallel) or a spatial dim (Shard(2) .. Shard({d + 1})) of the input"
-            )
-    return tuple(data), tuple(spatial)
+from drift.nn.spectral import AUTO, SpectralConv, resolve_methods
 
 
 def parallelize(
@@ -94,21 +65,23 @@ def parallelize(
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
     if d is None:
         raise ValueError("parallelize found no drift.nn.SpectralConv in the model")
-    data_axes, spatial_axes = _roles(mesh, placements, d)
-    placements = tuple(Shard(p.dim % (2 + d)) if isinstance(p, Shard) else p for p in placements)
-    split = [any(placements[a].dim == 2 + i and mesh.size(a) > 1 for a in spatial_axes) for i in range(d)]
+    roles = input_roles(mesh, placements, d)
+    placements = roles.placements
     layers = [m for m in model.modules() if isinstance(m, SpectralConv)]
     chosen_reduction = isinstance(reduction, str)
     if chosen_reduction:
-        reduction = _choose_reduction(layers, mesh, placements, spatial_axes, global_shape, machine, reduction)
+        reduction = _choose_reduction(layers, mesh, roles.parts, global_shape, machine, reduction)
     if any(m.method == AUTO for m in layers):
+        # Costed with drift's reduction and overlap as given; every rank chooses alike (the model is deterministic).
+        _check_grid(layers, global_shape, "method='auto'")
         drift_only = (reduction is not None and not chosen_reduction) or overlap != 1
-        where = (mesh, placements, spatial_axes, global_shape, machine, split)
-        _choose_methods(layers, *where, drift_only, reduction)
+        shape = tuple(reduction.shape) if isinstance(reduction, DeviceMesh) else reduction
+        machine = machine or Machine.default(mesh.device_type)
+        resolve_methods(model, global_shape, roles.parts, machine=machine, reduction=shape, drift_options=drift_only)
         if chosen_reduction and any(not m.spectral_method.takes_reduction for m in layers):
             reduction = None  # the model found a method that takes no reduction mesh faster
     for module in layers:
-        module.check_padding_split(split)
+        module.check_padding_split([p > 1 for p in roles.parts])
     handled = {id(p) for m in model.modules() if isinstance(m, SpectralConv | Replicated) for p in m.parameters()}
     other = [name for name, p in model.named_parameters() if id(p) not in handled]
     if other:
@@ -123,76 +96,40 @@ def parallelize(
         if given and others:
             raise ValueError(f"{name} applies to method 'drift' only; the model has {', '.join(others)} layers")
     if reduction is not None and not isinstance(reduction, DeviceMesh):
-        reduction = reduction_mesh(mesh, spatial_axes, reduction)
+        reduction = reduction_mesh(mesh, roles.spatial_axes, reduction)
     # What can still fail (a dfno-pruned layout) fails here, before the model changes.
-    weight_placements = {id(m): _weight_placements(m, mesh, placements) for m in layers}
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, FactorizedWeight):  # its SpectralConv came first and was checked
-                module.mesh = mesh
-                for param in module.parameters():
-                    param.copy_(distribute_tensor(param.detach(), mesh, (Replicate(),) * mesh.ndim).to_local())
-                continue
-            if not isinstance(module, SpectralConv | Replicated):
-                continue
-            if module.mesh is not None:
-                raise ValueError(f"{type(module).__name__} is already parallelized over {module.mesh}")
-            module.mesh, module.input_placements, module.data_axes = mesh, tuple(placements), data_axes
-            for name, param in list(module.named_parameters(recurse=False)):
-                value = param.detach()
-                if isinstance(module, SpectralConv) and name == "weight":
-                    stored = distribute_tensor(value, mesh, weight_placements[id(module)])
-                else:
-                    stored = distribute_tensor(value, mesh, (Replicate(),) * mesh.ndim).to_local()
-                setattr(module, name, nn.Parameter(stored, requires_grad=param.requires_grad))
-            if isinstance(module, SpectralConv):
-                module.reduction, module.overlap = reduction, overlap
-                module.plans.clear()
+    for layer in layers:
+        layer.weight_placements(mesh, placements)
+    for module in model.modules():
+        if isinstance(module, SpectralConv):
+            module.distribute_(mesh, placements, reduction=reduction, overlap=overlap)
+        elif isinstance(module, Replicated):
+            module.distribute_(mesh, placements, roles.data_axes)
     return model
 
 
-def _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, what: str) -> list[int]:
-    """Ranks per spatial dim of the inputs; ValueError without ``global_shape`` (``what`` needs it)."""
+def _check_grid(layers, global_shape, what: str) -> None:
+    """ValueError unless ``global_shape`` holds the inputs' spatial extents, which ``what`` chooses by."""
     d = layers[0].ndim
     if global_shape is None or len(global_shape) != d:
         raise ValueError(
             f"{what} chooses by the grid: pass parallelize(..., global_shape=) the {d} spatial extents "
             f"of the inputs, got {global_shape!r}"
         )
-    return [math.prod(mesh.size(a) for a in spatial_axes if placements[a].dim == 2 + i) for i in range(d)]
 
 
-def _choose_reduction(layers, mesh, placements, spatial_axes, global_shape, machine, reduction: str):
+def _choose_reduction(layers, mesh, parts: Sequence[int], global_shape, machine, reduction: str):
     """``reduction="auto"``: the reduction mesh shape ``drift.cost.choose_reduction`` models fastest for
     the first spectral layer's spectrum (None: one level per mesh dim)."""
     if reduction != AUTO:
         raise ValueError(f"reduction must be a mesh shape, a reduction mesh, None or 'auto', got {reduction!r}")
-    parts = _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, "reduction='auto'")
+    _check_grid(layers, global_shape, "reduction='auto'")
     layer = layers[0]
     padded = [n + b + a for n, (b, a) in zip(global_shape, layer.padding_at(global_shape), strict=True)]
     spectrum_bytes = math.prod(len(m) for m in layer.modes_at(padded)) * 2 * torch.finfo(layer.precision()).bits // 8
     machine = machine or Machine.default(mesh.device_type)
     channels = dict(in_channels=layer.in_channels, out_channels=layer.out_channels)
     return choose_reduction(parts, spectrum_bytes, **channels, machine=machine)
-
-
-def _choose_methods(layers, mesh, placements, spatial_axes, global_shape, machine, split, drift_only, reduction):
-    """Resolve the ``method="auto"`` layers for inputs of ``global_shape`` on this mesh, drift costed with
-    ``reduction`` (the same choice on every rank: the model is deterministic); ValueError without
-    ``global_shape``."""
-    parts = _spatial_parts(layers, mesh, placements, spatial_axes, global_shape, "method='auto'")
-    machine = machine or Machine.default(mesh.device_type)
-    shape = tuple(reduction.shape) if isinstance(reduction, DeviceMesh) else reduction
-    for layer in (m for m in layers if m.method == AUTO):
-        padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
-        choices = candidates(padded_split=padded_split, drift_options=drift_only, every_dim_split=all(split))
-        layer.choose_method(tuple(global_shape), parts, machine, choices, reduction=shape)
-
-
-def _weight_placements(layer: SpectralConv, mesh, placements: Sequence) -> tuple:
-    """How ``layer`` stores its weight over ``mesh`` for inputs placed as ``placements``."""
-    _, spatial_axes = _roles(mesh, placements, layer.ndim)
-    return layer.spectral_method.weight_placements(layer, mesh, placements, spatial_axes)
 
 
 @torch.no_grad()

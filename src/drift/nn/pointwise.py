@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from drift._plan import complex_dtype
 from drift.nn.chunked import activate, linear_into, pointwise_activation
 from drift.nn.replicated import Replicated
-from drift.recording import recorded
+from drift.recording import autocasting, recorded
 
 SKIPS = ("linear", "identity", "soft-gating")
 
@@ -72,7 +72,7 @@ class PointwiseLinear(Replicated):
         weight = self.replicated(self.weight)
         bias = self.bias if self.bias is None else self.replicated(self.bias)
         autograd = recorded(x, self.weight)
-        if autograd and out is None and not x.is_complex() and not torch.is_autocast_enabled(x.device.type):
+        if autograd and out is None and not x.is_complex() and not autocasting(x):
             # One autograd node in chunks of points, its output and x's gradient from drift.memory.
             return pointwise_activation(weight, bias, x, add, None)
         shape = (x.shape[0], self.weight.shape[0], *x.shape[2:])
@@ -92,7 +92,7 @@ class PointwiseLinear(Replicated):
         if add is None:
             # baddbmm adds the (broadcast) bias inside the gemm: one pass over the output instead of two.
             y = torch.baddbmm(bias[None, :, None], weight, flat)
-        elif autograd or recorded(add) or torch.is_autocast_enabled(x.device.type):
+        elif autograd or recorded(add) or autocasting(x):
             y = (
                 torch.baddbmm(add.reshape(flat.shape[0], self.weight.shape[0], flat.shape[2]), weight, flat)
                 + bias[None, :, None]

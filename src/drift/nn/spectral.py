@@ -9,9 +9,9 @@ retained modes, per dim ``0..k-1`` then ``-k..-1`` (``0..k-1`` on the last dim o
 ``domain_padding`` ``x`` is zero-padded first, the modes are those of the padded extents, and ``y`` is
 cropped back to ``x``'s points (``drift.nn.padding``). The resolution comes from the input: a plan is
 built for each global shape the layer meets and kept in a small cache. Built on one device the layer
-is an ordinary module; ``drift.nn.parallelize`` makes it distributed, and the methods
-(``drift.nn.methods``: "drift", "dfno-pruned", "dfno") differ in how the spectrum is reached and which
-share of ``W`` a rank stores (its ``weight`` is then a DTensor).
+is an ordinary module; ``drift.nn.parallelize`` makes it distributed (``SpectralConv.distribute_``), and
+the methods (``drift.nn.methods``: "drift", "dfno-pruned", "dfno") differ in how the spectrum is reached
+and which share of ``W`` a rank stores (its ``weight`` is then a DTensor).
 
 With ``factorization`` ("tucker" or "cp", neuraloperator's TFNO / CP-FNO) ``W`` is held as small
 factors (``drift.nn.factorized``), replicated on every rank, their gradients summed over the mesh; each
@@ -21,6 +21,7 @@ of ``W``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -31,18 +32,28 @@ from drift import comm
 from drift._plan import ComplexModule, complex_dtype, real_dtype
 from drift.cost import Machine, MethodChoice, choose_method
 from drift.errors import PlanError
-from drift.layout import Layout, dtensor_layout, to_dtensor
+from drift.layout import Layout, dtensor_layout, input_roles, to_dtensor
 from drift.modes import ModeSpec, mode_counts, mode_lists
 from drift.nn.factorized import FactorizedWeight
 from drift.nn.methods import METHODS, SpectralMethod, candidates, method_named
 from drift.nn.mixing import mix_channels
 from drift.nn.padding import check_padding_mode, padding_at, padding_fractions
-from drift.nn.replicated import replicate_over
+from drift.nn.replicated import first_rank_value, replicate_over
 from drift.profiling import phase
+from drift.recording import autocasting
 
-__all__ = ["AUTO", "METHODS", "SpectralConv", "layout_of", "mix_channels", "mode_counts", "spectral_weight"]
+__all__ = [
+    "AUTO",
+    "METHODS",
+    "SpectralConv",
+    "layout_of",
+    "mix_channels",
+    "mode_counts",
+    "resolve_methods",
+    "spectral_weight",
+]
 
-AUTO = "auto"  # a method chosen by drift.cost's model (at parallelize, or at the first input on one device)
+AUTO = "auto"  # a method chosen by drift.cost's model (resolve_methods)
 MAX_PLANS = 4  # plans kept per layer (resolutions and layouts met most recently)
 
 
@@ -68,8 +79,9 @@ class SpectralConv(ComplexModule):
         modes: retained modes per spatial dim (1 to 4 dims): Li et al.'s k, or explicit frequency lists
             (see ``drift.modes.mode_indices``); every extent must hold them.
         method: "drift", "dfno" or "dfno-pruned" (``drift.nn.methods``), which compute the same function,
-            or "auto" (the one ``drift.cost``'s model predicts fastest, at ``parallelize`` or at
-            the first input on one device).
+            or "auto" (the one ``drift.cost``'s cost model predicts fastest, chosen once by
+            ``resolve_methods`` where the grid and mesh are known: at ``parallelize``, or at the first
+            input on one device).
         real: real fields (rfftn / irfftn), else complex (fftn / ifftn).
         bias: add a real per-channel bias ``(out,)`` to the output (neuraloperator's ``bias=True``),
             drawn after the weight as neuraloperator's, ``sqrt(2 / (in + out))`` times a normal;
@@ -91,6 +103,9 @@ class SpectralConv(ComplexModule):
     and output are plain tensors on one device, or DTensors once the layer (or its model) is
     parallelized by ``drift.nn.parallelize``. Under ``torch.autocast`` the transform and the
     channel mixing run in the weight's precision (float32 / complex64) and return it.
+
+    ``method`` reads the method's name ("auto" until it is resolved), ``spectral_method`` the
+    ``drift.nn.methods`` object the layer holds, ``choice`` what "auto" chose and why.
     """
 
     def __init__(
@@ -111,11 +126,10 @@ class SpectralConv(ComplexModule):
     ) -> None:
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
-        if method != AUTO:
-            method_named(method)  # ValueError naming the choices
+        self._method = None if method == AUTO else method_named(method)  # ValueError naming the choices
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"channel counts must be positive, got {in_channels} and {out_channels}")
-        self.in_channels, self.out_channels, self.method, self.real = in_channels, out_channels, method, real
+        self.in_channels, self.out_channels, self.real = in_channels, out_channels, real
         self.mode_shape = mode_counts(modes, real)
         self.mode_spec = tuple(m if isinstance(m, int) else tuple(m) for m in modes)
         self.domain_padding = padding_fractions(domain_padding, len(self.mode_shape))
@@ -133,9 +147,9 @@ class SpectralConv(ComplexModule):
         else:
             self.bias = None
         self.mesh = None
-        self.input_placements: tuple | None = None  # set by parallelize: the placements inputs must have
-        self.reduction = None  # set by parallelize: drift's reduction mesh, or None (one step per mesh dim)
-        self.overlap = 1  # set by parallelize: drift's pieces of the spectrum's collectives (drift.overlap)
+        self.input_placements: tuple | None = None  # set by distribute_: the placements inputs must have
+        self.reduction = None  # set by distribute_: drift's reduction mesh, or None (one step per mesh dim)
+        self.overlap = 1  # set by distribute_: drift's pieces of the spectrum's collectives (drift.overlap)
         self.data_axes: tuple[int, ...] = ()
         self.plans = nn.ModuleDict()
         self.choice: MethodChoice | None = None  # what method="auto" chose, and why
@@ -171,11 +185,33 @@ class SpectralConv(ComplexModule):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
+    def method(self) -> str:
+        """The method's name: "drift", "dfno" or "dfno-pruned", or "auto" until ``resolve_methods``."""
+        return AUTO if self._method is None else self._method.name
+
+    @method.setter
+    def method(self, name: str) -> None:
+        """Deprecated: the method is chosen at construction, "auto" resolved by ``resolve_methods``. On one
+        device the layer then computes with ``name`` (its plans are rebuilt); a parallelized layer
+        refuses (its weight is stored as its method places it)."""
+        warnings.warn(
+            "setting SpectralConv.method is deprecated: choose it at construction (method=...), and resolve "
+            "'auto' with drift.nn.resolve_methods",
+            DeprecationWarning,
+            stacklevel=3,  # past torch's Module.__setattr__, to the assignment
+        )
+        if self.mesh is not None:
+            raise ValueError(f"{type(self).__name__} is parallelized for method {self.method!r}: build another layer")
+        self._method = None if name == AUTO else method_named(name)
+        self.choice = None
+        self.plans.clear()
+
+    @property
     def spectral_method(self) -> SpectralMethod:
-        """The ``drift.nn.methods`` class instance of ``method`` (PlanError while it is "auto")."""
-        if self.method == AUTO:
+        """The ``drift.nn.methods`` object the layer computes with (PlanError while ``method`` is "auto")."""
+        if self._method is None:
             raise PlanError(f"{type(self).__name__}: method='auto' is chosen at parallelize or at the first input")
-        return method_named(self.method)
+        return self._method
 
     @property
     def ndim(self) -> int:
@@ -202,6 +238,49 @@ class SpectralConv(ComplexModule):
                 "only the dims the mesh leaves whole"
             )
 
+    # Distributed over a mesh.
+
+    def weight_placements(self, mesh, placements: Sequence) -> tuple:
+        """How the layer stores its weight over ``mesh`` for inputs placed as ``placements`` (one per mesh
+        dim, as ``drift.layout.input_roles`` takes them): its method's share on each rank. ValueError for
+        placements drift cannot take or a layout the method cannot (dfno-pruned with every dim split)."""
+        roles = input_roles(mesh, placements, self.ndim)
+        return self.spectral_method.weight_placements(self, mesh, roles.placements, roles.spatial_axes)
+
+    @torch.no_grad()
+    def distribute_(self, mesh, placements: Sequence, *, reduction=None, overlap: int = 1) -> SpectralConv:
+        """Make the layer distributed over ``mesh``, in place, for inputs placed as ``placements``; returns
+        it. ``drift.nn.parallelize`` calls it for each layer of a model once the whole model is checked.
+
+        The weight takes the values of the mesh's first rank and becomes a DTensor stored as the method
+        places it (``weight_placements``), replicated over the data-parallel dims; the bias and a
+        factorized weight's factors become plain tensors, the first rank's on every rank. ``reduction``
+        (a ``drift.reduction_mesh`` or None) and ``overlap`` (pieces) shape drift's collectives
+        (``drift.TruncatedFFT``). Plans built before are dropped. Before any change or collective:
+        PlanError while ``method`` is "auto" (``resolve_methods``) or for a dfno method padding a split
+        dim; ValueError when the layer is already distributed, for placements or a layout the method
+        cannot take, or a reduction or overlap given to another method than drift."""
+        if self.mesh is not None:
+            raise ValueError(f"{type(self).__name__} is already parallelized over {self.mesh}")
+        roles = input_roles(mesh, placements, self.ndim)
+        self.check_padding_split([p > 1 for p in roles.parts])
+        if (reduction is not None or overlap != 1) and not self.spectral_method.takes_reduction:
+            raise ValueError(f"reduction and overlap apply to method 'drift' only, not {self.method!r}")
+        weight_placements = self.weight_placements(mesh, roles.placements)
+        self.mesh, self.input_placements, self.data_axes = mesh, roles.placements, roles.data_axes
+        for name, param in list(self.named_parameters(recurse=False)):
+            value = param.detach()
+            if name == "weight":  # a dense one (a factorized weight is a module: its factors follow)
+                stored = distribute_tensor(value, mesh, weight_placements)
+            else:
+                stored = first_rank_value(mesh, value)
+            setattr(self, name, nn.Parameter(stored, requires_grad=param.requires_grad))
+        if isinstance(self.weight, FactorizedWeight):
+            self.weight.distribute_(mesh)
+        self.reduction, self.overlap = reduction, overlap
+        self.plans.clear()
+        return self
+
     # Plans, one per layout met.
 
     def plan(self, layout: Layout) -> nn.Module:
@@ -226,8 +305,9 @@ class SpectralConv(ComplexModule):
     ) -> None:
         """Resolve ``method="auto"`` for inputs of ``global_shape`` split ``parts`` ways per dim (drift with
         ``reduction``, a reduction mesh shape): of ``choices`` (default ``drift.nn.methods.candidates()``)
-        the one ``drift.cost.choose_method`` models fastest becomes ``method``, its reasons ``choice``."""
-        if self.method != AUTO:
+        the one ``drift.cost.choose_method`` models fastest becomes ``method``, its reasons ``choice``.
+        ``resolve_methods`` calls it with the choices that can run there."""
+        if self._method is not None:
             raise ValueError(f"choose_method resolves method='auto'; this layer's method is {self.method!r}")
         padding = self.padding_at(global_shape)
         padded = tuple(n + b + a for n, (b, a) in zip(global_shape, padding, strict=True))
@@ -243,12 +323,12 @@ class SpectralConv(ComplexModule):
             costs=[m.cost for m in (candidates() if choices is None else choices)],
             reduction=reduction,
         )
-        self.method = self.choice.method
+        self._method = method_named(self.choice.method)
 
     @torch.inference_mode(False)  # a plan first built in an inference pass must serve training later
     def _build_plan(self, layout: Layout) -> nn.Module:
-        if self.method == AUTO:  # on one device: the model needs only the resolution, no weight moves
-            self.choose_method(layout.global_shape, layout.parts, Machine.default(self.weight.device.type))
+        if self._method is None:  # on one device (parallelize resolves): the grid is known now, no weight moves
+            resolve_methods(self, layout.global_shape, layout.parts)
         padding = self.padding_at(layout.global_shape)
         padded = tuple(n + b + a for n, (b, a) in zip(layout.global_shape, padding, strict=True))
         try:
@@ -257,7 +337,7 @@ class SpectralConv(ComplexModule):
             note = f" (padded to {padded})" if padded != layout.global_shape else ""
             raise PlanError(f"{type(self).__name__} at resolution {layout.global_shape}{note}: {exc}") from None
         self.check_padding_split([p > 1 for p in layout.parts])
-        return self.spectral_method.plan(self, layout, modes, padding)
+        return self._method.plan(self, layout, modes, padding)
 
     def precision(self) -> torch.dtype:
         """The real precision the layer computes in: its weight's (PlanError unless float32 or float64)."""
@@ -307,7 +387,7 @@ class SpectralConv(ComplexModule):
         if constant is not None and out is None:
             raise PlanError("SpectralConv.forward_local: constant= is for outputs written into out=")
         if out is not None:
-            if torch.is_autocast_enabled(x.device.type):
+            if autocasting(x):
                 raise PlanError("SpectralConv: out= is not supported under torch.autocast")
             if self.bias is not None:
                 bias = replicate_over(self.mesh, self.bias)
@@ -318,7 +398,7 @@ class SpectralConv(ComplexModule):
             if constant is not None:
                 y.add_(constant.view(-1, *[1] * self.ndim))
             return y
-        if torch.is_autocast_enabled(x.device.type):
+        if autocasting(x):
             with torch.autocast(x.device.type, enabled=False):
                 x = x.to(self.precision() if self.real else complex_dtype(self.precision()))
                 return self._add_bias(self._convolve(x, layout))
@@ -333,7 +413,7 @@ class SpectralConv(ComplexModule):
         """Whether ``forward_local(out=...)`` adds constants in the spectrum: "drift" on a real or complex
         field whose kept modes hold frequency 0 on every dim."""
         plan = self.plan(layout)  # resolves method="auto" first
-        return self.spectral_method.folds_constants(plan)
+        return self._method.folds_constants(plan)
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         if self.bias is None:
@@ -343,7 +423,7 @@ class SpectralConv(ComplexModule):
     def _local_weight(self, plan: nn.Module) -> torch.Tensor:
         """The part of the weight this rank multiplies for ``plan``, ``(in, out, *its modes)``, its gradient
         summed over the ranks that share it (``SpectralMethod.weight_index``)."""
-        w, method = self.weight, self.spectral_method
+        w, method = self.weight, self._method  # resolved by the plan
         if isinstance(w, FactorizedWeight):
             return w.block(method.weight_index(plan))
         if isinstance(w, DTensor):
@@ -359,10 +439,40 @@ class SpectralConv(ComplexModule):
     ) -> torch.Tensor:
         """The convolution's output (into ``out`` when given); a method that folds constants adds
         ``constant`` ``(out,)`` to every point through the constant mode."""
-        plan, method = self.plan(layout), self.spectral_method
+        plan = self.plan(layout)  # resolves method="auto" first
+        method = self._method
         with phase("multiply"):
             w = self._local_weight(plan)
         return method.convolve(self, plan, x, w, self.padding_at(layout.global_shape), out, constant)
+
+
+def resolve_methods(
+    model: nn.Module,
+    global_shape: Sequence[int],
+    parts: Sequence[int] | None = None,
+    *,
+    machine: Machine | None = None,
+    reduction: Sequence[int] | None = None,
+    drift_options: bool = False,
+) -> None:
+    """Resolve ``method="auto"`` in every ``SpectralConv`` of ``model`` (``model`` itself one included), once,
+    for inputs of the spatial extents ``global_shape`` split ``parts`` ways per dim (default: one device):
+    of the methods that can run so (``drift.nn.methods.candidates``: none padding the tensor on a split
+    dim, none needing a whole dim when every dim is split, drift only with ``drift_options``, a reduction
+    or overlap of drift's) the one ``drift.cost``'s model predicts fastest on ``machine`` (default
+    ``Machine.default`` of the layer's weight's device type), drift costed with ``reduction`` (a reduction
+    mesh shape), becomes the layer's method (``choose_method``). Layers whose method is set are left as
+    they are. ``parallelize`` calls it with the mesh's split, and a layer on one device at its first
+    input; call it to choose before either (``drift train`` does, to print the choice)."""
+    for layer in model.modules():
+        if not isinstance(layer, SpectralConv) or layer._method is not None:
+            continue
+        ranks = (1,) * layer.ndim if parts is None else tuple(parts)
+        split = [p > 1 for p in ranks]
+        padded_split = any(f and s for f, s in zip(layer.domain_padding, split, strict=True))
+        choices = candidates(padded_split=padded_split, drift_options=drift_options, every_dim_split=all(split))
+        on = machine or Machine.default(layer.weight.device.type)
+        layer.choose_method(tuple(global_shape), ranks, on, choices, reduction=reduction)
 
 
 def layout_of(x: torch.Tensor, d: int, mesh, placements) -> tuple[Layout, torch.Tensor]:

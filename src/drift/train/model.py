@@ -11,7 +11,7 @@ from drift import optim
 from drift.data import FIELDS
 from drift.launch import GROUP_TIMEOUT_S
 from drift.layout import reduction_mesh
-from drift.nn import AUTO, FNO, NEURALOP_DEFAULTS, Machine, parallelize
+from drift.nn import FNO, NEURALOP_DEFAULTS, parallelize, resolve_methods
 from drift.train.checks import reduction_shape
 from drift.train.config import TrainConfig
 from drift.train.sharding import Sharding
@@ -51,9 +51,8 @@ def build_model(
             reduction = reduction_mesh(sharding.mesh, spatial, reduction, timeout_s=GROUP_TIMEOUT_S)
         options = dict(reduction=reduction, overlap=config.overlap, global_shape=global_shape)
         parallelize(model, sharding.mesh, sharding.placements, **options)
-    elif config.method == AUTO and global_shape is not None:
-        for layer in (block.spectral for block in model.blocks):
-            layer.choose_method(global_shape, (1,) * len(global_shape), Machine.default(torch.device(device).type))
+    elif global_shape is not None:
+        resolve_methods(model, global_shape)  # on one device, before the first batch, so the run can say what it chose
     return model
 
 
