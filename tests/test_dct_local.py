@@ -7,7 +7,7 @@ import pytest
 import scipy.fft
 import torch
 
-from drift.dct import dct2, idct2
+from drift.fft._dct import dct2, idct2
 
 # Lengths 1, 2, even, odd and prime along every dim, 1-D to 4-D, plus longer even and prime lengths.
 SHAPES = [(7,), (1,), (2,), (8,), (13, 6), (3, 16, 5), (4, 11, 9, 2), (2, 97), (1024,)]

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import drift
+from drift.fft import _dct
 
 # (global shape, grid): slab and pencil, 2-D to 4-D, even, odd and prime extents, uneven splits, empty
 # blocks (torch.chunk leaves trailing blocks empty: 5 or 2 over 4 ranks, 9 over 4, 1 over 2), transposed
@@ -128,13 +129,13 @@ def _loss(out, seed):
 
 
 def _differentiable(shape, kind, norm, inverse):
-    """The single-process transform with torch autograd (DCTs through drift.dct, checked against scipy)."""
+    """The single-process transform with torch autograd (DCTs through drift.fft._dct, checked against scipy)."""
     dims = tuple(range(-len(shape), 0))
     if kind == "dct2":
 
         def dct(t):
             for dim in dims:
-                t = (drift.dct.idct2 if inverse else drift.dct.dct2)(t, dim, norm)
+                t = (_dct.idct2 if inverse else _dct.dct2)(t, dim, norm)
             return t
 
         return dct

@@ -12,10 +12,10 @@ from reference import TOL, random_tensor, rel_err, truncated_spectrum, zero_fill
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import drift
-import drift.contraction
 from drift.cost import Machine, choose_method, method_costs
 from drift.layout import to_dtensor
 from drift.nn import FNO, SpectralConv, clip_grad_norm_, parallelize
+from drift.truncated import _contraction as contraction
 
 _MESHES: dict = {}
 
@@ -884,7 +884,7 @@ def test_auto_cost_model_counts_flops_and_bytes():
     # rows), then 16 -> 6 and 8 -> 8 complex: more FLOPs than the folded optimum.
     forward = 2 * 8 * 12 * 16 * 7 + 4 * 8 * 7 * 12 * 5 + 8 * 6 * 5 * 8 * 8
     inverse = 2 * 8 * 16 * 12 * 10 + 8 * 8 * 5 * 16 * 6 + 8 * 6 * 5 * 8 * 8
-    assert drift.contraction.best_order(local, kept, True, rows=rows)[1] == forward < inverse
+    assert contraction.best_order(local, kept, True, rows=rows)[1] == forward < inverse
     assert costs["drift"].flops == 3 * forward + 2 * inverse
     assert costs["drift"].bytes_sent == 3 / 4 * (3 + 2) * m * 8
     alpha, beta, copy = CPU.alpha_s, CPU.beta_s_per_byte, CPU.copy_s_per_byte

@@ -17,7 +17,7 @@ from torch.distributed.tensor import Shard
 
 import drift
 from drift.nn import FNO, SpectralConv, parallelize
-from drift.overlap import compute_then_send, piece_slices, receive_then_compute
+from drift.truncated._overlap import compute_then_send, piece_slices, receive_then_compute
 
 
 def test_piece_slices():

@@ -33,7 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import drift
-import drift.contraction
+from drift.truncated import _contraction as contraction
 
 # (global shape, grid): slab and pencil grids, even, odd and prime extents, uneven splits, empty blocks
 # (torch.chunk leaves trailing blocks empty: 5 or 9 over 4 ranks, 1 over 2), 1-D to 4-D.
@@ -393,10 +393,10 @@ def test_conversions_rebuild_exact_bases(real, convert):
 def test_flop_optimal_order():
     """Paper Table III: at P = 4 on 128 x 128 x 64 x 30 the cheapest order contracts y first."""
     plan_shape, kept = (32, 128, 64, 30), (16, 16, 16, 16)
-    order, flops = drift.contraction.best_order(plan_shape, kept, real=True)
+    order, flops = contraction.best_order(plan_shape, kept, real=True)
     assert order[0] == 1
-    every = [drift.contraction.contraction_flops(o, plan_shape, kept, True) for o in itertools.permutations(range(4))]
-    assert flops == min(every) < drift.contraction.contraction_flops((3, 2, 1, 0), plan_shape, kept, True)
+    every = [contraction.contraction_flops(o, plan_shape, kept, True) for o in itertools.permutations(range(4))]
+    assert flops == min(every) < contraction.contraction_flops((3, 2, 1, 0), plan_shape, kept, True)
 
 
 def test_orders_count_the_interleaving_copy():
@@ -407,25 +407,25 @@ def test_orders_count_the_interleaving_copy():
     its dim (a batched gemm) wins."""
     kept = (16, 16, 16, 16)
     local = (64, 64, 32, 30)
-    assert drift.contraction.interleave_copy((0, 1, 2, 3), local, kept, True) == 2 * 16 * 16 * 32 * 30
-    assert drift.contraction.interleave_copy((3, 0, 1, 2), local, kept, True) == 0
-    assert drift.contraction.interleave_copy((0, 1, 2, 3), local, kept, False) == 0
+    assert contraction.interleave_copy((0, 1, 2, 3), local, kept, True) == 2 * 16 * 16 * 32 * 30
+    assert contraction.interleave_copy((3, 0, 1, 2), local, kept, True) == 0
+    assert contraction.interleave_copy((0, 1, 2, 3), local, kept, False) == 0
     whole = drift.TruncatedFFT(local, (8, 8, 8, 16))
     assert whole.order == whole.inverse_order == (1, 0, 2, 3)
     rows = [17, 17, 17, 30]
     cost = {
-        o: drift.contraction.contraction_flops(o, local, kept, True, rows)
-        + drift.contraction.INVERSE_COPY_FLOPS * drift.contraction.interleave_copy(o, local, kept, True)
+        o: contraction.contraction_flops(o, local, kept, True, rows)
+        + contraction.INVERSE_COPY_FLOPS * contraction.interleave_copy(o, local, kept, True)
         for o in itertools.permutations(range(4))
     }
     assert cost[(1, 0, 2, 3)] == cost[(0, 1, 2, 3)] == min(cost.values())
     block = drift.TruncatedFFT((16, 64, 32, 30), (8, 8, 8, 16))
     assert block.order == block.inverse_order == (1, 2, 3, 0)
     rows = [16, 17, 17, 30]
-    assert block.flops == drift.contraction.contraction_flops((1, 2, 3, 0), block.local_shape, kept, True, rows)
+    assert block.flops == contraction.contraction_flops((1, 2, 3, 0), block.local_shape, kept, True, rows)
     small = drift.TruncatedFFT((16, 12, 9), (2, 2, 5))
     assert (small.order, small.inverse_order) == ((0, 1, 2), (2, 0, 1))
-    count = drift.contraction.contraction_flops
+    count = contraction.contraction_flops
     flops = {o: count(o, (16, 12, 9), (4, 4, 5), True, (5, 5, 9)) for o in ((0, 1, 2), (2, 0, 1))}
     assert small.inverse_flops == flops[(2, 0, 1)] > 2 * small.flops == 2 * flops[(0, 1, 2)]
     paper = drift.TruncatedFFT((128, 128, 64, 30), (8, 8, 8, 16))
@@ -457,13 +457,13 @@ def _bytes_per_call(shape, grid, modes, batch):
 def test_conjugate_pairs_fold_into_one_gemm_row():
     """A real stage computes f and -f once: the real parts of the frequencies up to sign, then their
     imaginary parts but at 0 and N / 2 (zero at every offset)."""
-    assert drift.contraction.folded_rows(tuple(range(8)) + tuple(range(56, 64)), 64) == 9 + 8
-    assert drift.contraction.folded_rows(tuple(range(16)), 16) == 16  # all kept: N real values
-    assert drift.contraction.folded_rows((3, 5), 8) == 1 + 1  # 3 and -3: one pair
-    assert drift.contraction.folded_rows((0, 4, 1), 8) == 3 + 1
-    forward = drift.contraction.contraction_flops((0, 1), (64, 8), (16, 5), True, (17, 10))
+    assert contraction.folded_rows(tuple(range(8)) + tuple(range(56, 64)), 64) == 9 + 8
+    assert contraction.folded_rows(tuple(range(16)), 16) == 16  # all kept: N real values
+    assert contraction.folded_rows((3, 5), 8) == 1 + 1  # 3 and -3: one pair
+    assert contraction.folded_rows((0, 4, 1), 8) == 3 + 1
+    forward = contraction.contraction_flops((0, 1), (64, 8), (16, 5), True, (17, 10))
     assert forward == 2 * 8 * 64 * 17 + 4 * 17 * 8 * 5  # the second stage: a real gemm on the 17 rows
-    backward = drift.contraction.contraction_flops((1, 0), (64, 8), (16, 5), True, (17, 10))
+    backward = contraction.contraction_flops((1, 0), (64, 8), (16, 5), True, (17, 10))
     assert backward == 4 * 64 * 8 * 5 + 8 * 5 * 64 * 16  # the innermost dim first: interleaved, not folded
 
 

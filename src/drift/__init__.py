@@ -1,6 +1,8 @@
 """drift: distributed spectral operators for Fourier-domain neural networks."""
 
-from drift import memory, optim
+from importlib import metadata as _metadata
+
+from drift import _moved, memory, optim
 from drift.comm import Collective, CommLog, comm_log
 from drift.errors import PlanError
 from drift.fft import DistributedFFT
@@ -8,7 +10,12 @@ from drift.layout import Layout, grid_mesh, reduction_mesh
 from drift.profiling import profile
 from drift.truncated import TruncatedFFT
 
-__version__ = "0.1.0"
+_moved.install()
+
+try:  # the installed distribution's version: pyproject.toml is its one source
+    __version__ = _metadata.version("drift-spectral")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str):

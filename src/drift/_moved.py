@@ -1,21 +1,73 @@
-"""Public names that moved to another module: the old module still answers for them, with a warning."""
+"""Module paths and names that moved: each keeps working for one minor version, with a DeprecationWarning
+that names its new home (docs/API.md lists them; tests/test_api.py imports every one).
+
+``MODULES`` maps a former module path to the module it became: importing the former path gives that very
+module (so patching either patches both). Names that moved out of a module that still exists are answered
+by that module's ``__getattr__``, made by ``moved_names``, and recorded in ``NAMES``.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
 import warnings
 from collections.abc import Callable, Iterable
+from types import ModuleType
+
+# Removed in the minor version after the one that moved them.
+REMOVED_IN = "0.3.0"
+
+MODULES: dict[str, str] = {
+    "drift.contraction": "drift.truncated._contraction",
+    "drift.dct": "drift.fft._dct",
+    "drift.overlap": "drift.truncated._overlap",
+    "drift.stages": "drift.truncated._stages",
+}
+
+# (former module, name) -> the module that holds it now, filled as moved_names is called.
+NAMES: dict[tuple[str, str], str] = {}
 
 
-def moved_names(old: str, new: str, names: Iterable[str]) -> Callable[[str], object]:
-    """A module ``__getattr__`` (PEP 562) for module ``old``: each of ``names`` is ``new``'s, given with a
-    DeprecationWarning naming its new home; any other name not in ``old`` is an AttributeError."""
-    names = frozenset(names)
+def _warn(old: str, new: str, stacklevel: int) -> None:
+    message = f"{old} moved to {new}; {old} goes in drift {REMOVED_IN}"
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
+
+
+def moved_names(old: str, homes: dict[str, Iterable[str]]) -> Callable[[str], object]:
+    """A module ``__getattr__`` (PEP 562) for module ``old``, whose names listed in ``homes`` (new module
+    -> names) now live in those modules: each is given with a DeprecationWarning naming its new home; any
+    other name not in ``old`` is an AttributeError."""
+    home = {name: new for new, names in homes.items() for name in names}
+    NAMES.update({(old, name): new for name, new in home.items()})
 
     def __getattr__(name: str) -> object:
-        if name not in names:
+        if name not in home:
             raise AttributeError(f"module {old!r} has no attribute {name!r}")
-        warnings.warn(f"{old}.{name} moved to {new}.{name}", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(new), name)
+        _warn(f"{old}.{name}", f"{home[name]}.{name}", stacklevel=2)
+        return getattr(importlib.import_module(home[name]), name)
 
     return __getattr__
+
+
+class _FormerPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a former module path (``MODULES``) as the module it became."""
+
+    def find_spec(self, fullname: str, path, target=None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.util.spec_from_loader(fullname, self) if fullname in MODULES else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        # Past the import machinery's frames to the import statement (close enough where it is not).
+        _warn(spec.name, MODULES[spec.name], stacklevel=6)
+        return importlib.import_module(MODULES[spec.name])
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the module it became ran when it was imported."""
+
+
+def install() -> None:
+    """Lets the former module paths import (once per process)."""
+    if not any(isinstance(finder, _FormerPaths) for finder in sys.meta_path):
+        sys.meta_path.append(_FormerPaths())

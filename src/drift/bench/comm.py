@@ -56,11 +56,11 @@ from drift.arguments import shape as shape_arg
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.runner import barrier, bench_device, rank_zero, spread
-from drift.contraction import transform_flops
 from drift.launch import rank_device, run_ranks
 from drift.modes import mode_lists
 from drift.nn import FNO, METHODS
 from drift.profiling import synchronize_device
+from drift.truncated import transform_flops
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 BATCH_TARGET_S = 0.01  # each timed batch of back-to-back calls lasts about this long
@@ -68,17 +68,18 @@ BATCH_TARGET_S = 0.01  # each timed batch of back-to-back calls lasts about this
 # The model of the collectives moved to drift.cost, with the rest of drift's cost model.
 __getattr__ = moved_names(
     __name__,
-    "drift.cost",
-    (
-        "Fit",
-        "best_reduction",
-        "drift_reduction",
-        "factorisations",
-        "fit_alpha_beta",
-        "non_negative_lstsq",
-        "reduction_seconds",
-        "terms",
-    ),
+    {
+        "drift.cost": (
+            "Fit",
+            "best_reduction",
+            "drift_reduction",
+            "factorisations",
+            "fit_alpha_beta",
+            "non_negative_lstsq",
+            "reduction_seconds",
+            "terms",
+        ),
+    },
 )
 
 

@@ -4,7 +4,7 @@ The model counts, for one sample's forward spectral path (the transform of ``in`
 inverse of ``out`` channels; the channel mixing is the same for every method and left out):
 
 - "drift": the partial-DFT contractions on the local block in the orders its plans choose (the forward's
-  and the inverse's, ``drift.truncated.best_order`` with their copy weights), at the machine's matmul
+  and the inverse's, ``drift.truncated._contraction.best_order`` with their copy weights), at the machine's matmul
   rate; one reduce-scatter of the ``in x M`` spectrum per split dim and one all-gather of the ``out x M``
   one back (``Machine.collective_s``), one per level of its reduction mesh when it has one
   (``choose_reduction`` finds the fastest); each level also passes over its buffer on the rank (its
@@ -26,11 +26,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from drift.contraction import transform_flops
 from drift.cost.machine import Machine
 from drift.cost.reduction import reduction_levels, spectrum_collectives
 from drift.errors import PlanError
 from drift.modes import ModeSpec, mode_lists
+from drift.truncated import transform_flops
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,20 @@ class PDEBench3D(torch.utils.data.Dataset):
     reads more than its block (which may be empty), and no item shares memory with another. Every
     trajectory is readable on every rank: which ones a rank uses (data parallelism) is its training
     loop's choice. Reads may come from another thread than the one that made the data set.
+
+    Example, one process reading every point of a small generated file:
+
+    >>> import tempfile
+    >>> from drift.data import PDEBench3D, generate
+    >>> path = f"{tempfile.mkdtemp()}/cfd.hdf5"
+    >>> generate(path, samples=4, resolution=8, frames=7, seed=1, progress=False)
+    >>> train = PDEBench3D(path, t_in=2, t_out=4)
+    >>> test = PDEBench3D(path, t_in=2, t_out=4, split="test", stats=train.stats)
+    >>> train.trajectories, test.trajectories
+    ([0, 1, 2], [3])
+    >>> x, y = train[0]
+    >>> x.shape, y.shape
+    (torch.Size([5, 2, 8, 8, 8]), torch.Size([5, 4, 8, 8, 8]))
     """
 
     def __init__(

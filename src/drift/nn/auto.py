@@ -8,20 +8,22 @@ from drift._moved import moved_names
 
 __getattr__ = moved_names(
     __name__,
-    "drift.cost",
-    (
-        "COSTS",
-        "Hosts",
-        "Machine",
-        "MethodChoice",
-        "MethodCost",
-        "Problem",
-        "choose_method",
-        "choose_reduction",
-        "drift_cost",
-        "factorisations",
-        "method_costs",
-        "pruned_dfno_cost",
-        "reduction_levels",
-    ),
+    {
+        "drift.cost": (
+            "COSTS",
+            "Hosts",
+            "Machine",
+            "MethodChoice",
+            "MethodCost",
+            "Problem",
+            "choose_method",
+            "choose_reduction",
+            "drift_cost",
+            "factorisations",
+            "method_costs",
+            "pruned_dfno_cost",
+            "reduction_levels",
+        ),
+        "drift.modes": ("ModeSpec",),
+    },
 )

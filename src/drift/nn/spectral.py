@@ -149,7 +149,7 @@ class SpectralConv(ComplexModule):
         self.mesh = None
         self.input_placements: tuple | None = None  # set by distribute_: the placements inputs must have
         self.reduction = None  # set by distribute_: drift's reduction mesh, or None (one step per mesh dim)
-        self.overlap = 1  # set by distribute_: drift's pieces of the spectrum's collectives (drift.overlap)
+        self.overlap = 1  # set by distribute_: drift's pieces of the spectrum's collectives (drift.truncated._overlap)
         self.data_axes: tuple[int, ...] = ()
         self.plans = nn.ModuleDict()
         self.choice: MethodChoice | None = None  # what method="auto" chose, and why

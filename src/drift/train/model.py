@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from drift import optim
+from drift._moved import moved_names
 from drift.data import FIELDS
 from drift.launch import GROUP_TIMEOUT_S
 from drift.layout import reduction_mesh
@@ -63,3 +64,6 @@ def make_optimizer(config: TrainConfig, model: FNO) -> torch.optim.Optimizer:
     if config.weight_decay > 0:
         return optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     return optim.Adam(model.parameters(), lr=config.lr)
+
+
+__getattr__ = moved_names(__name__, {"drift.nn": ("AUTO",)})  # imported here at bab9d58

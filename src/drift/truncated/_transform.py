@@ -42,13 +42,13 @@ from drift._plan import (
     real_dtype,
     resolve_device,
 )
-from drift.contraction import plan_orders
 from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
 from drift.modes import ModeSpec, PaddingSpec, mode_lists, padding_pairs
-from drift.overlap import compute_then_send, receive_then_compute
 from drift.recording import recorded
-from drift.stages import Fold, Stage, apply_stage, conjugate_fold
+from drift.truncated._contraction import plan_orders
+from drift.truncated._overlap import compute_then_send, receive_then_compute
+from drift.truncated._stages import Fold, Stage, apply_stage, conjugate_fold
 
 _NORMS = ("backward", "ortho", "forward")
 # The bound on a chunk's intermediates in the passes autograd does not record (4 complex values of the widest
@@ -146,7 +146,7 @@ class TruncatedFFT(ComplexModule):
             forward and inverse (the replicated forward all-reduces per spatial mesh dim). A shape that
             does not factor the rank count so is a ValueError before any collective.
         overlap: the sharded forward's reduce-scatter and the sharded inverse's all-gather (and their
-            adjoints in the backward) run in this many pieces of the batch's fields (``drift.overlap``),
+            adjoints in the backward) run in this many pieces of the batch's fields (``drift.truncated._overlap``),
             each piece's collective overlapping the next piece's transform. 1: no overlap. The results
             are the same whatever it is.
 
@@ -156,10 +156,26 @@ class TruncatedFFT(ComplexModule):
     Attributes: ``layout`` (a ``drift.Layout``), ``padding`` (``(before, after)`` per dim),
     ``padded_shape`` (the transform's extents), ``modes`` (kept indices per dim), ``mode_shape``
     ``(K1, ..., Kd)``, ``num_modes`` M, ``local_shape``, ``local_slices``, ``order`` (the forward's dims
-    in contraction order: FLOPs plus its interleaving copy, ``drift.contraction.best_order``), ``inverse_order`` (the
+    in contraction order: FLOPs plus its interleaving copy, ``_contraction.best_order``), ``inverse_order`` (the
     forward order whose reverse the inverse and the forward's adjoint contract in, chosen with their
     costlier copy), ``flops`` and ``inverse_flops`` (real FLOPs of the local forward and inverse for one
     field).
+
+    Example, on one device (on a mesh each rank passes its block and gets the same spectrum):
+
+    >>> import torch, drift
+    >>> plan = drift.TruncatedFFT((16, 12), modes=(3, 2), dtype=torch.float64)
+    >>> plan.modes
+    ((0, 1, 2, 13, 14, 15), (0, 1))
+    >>> x = torch.randn(4, 16, 12, dtype=torch.float64)
+    >>> spectrum = plan.forward(x)
+    >>> spectrum.shape
+    torch.Size([4, 6, 2])
+    >>> rfft = torch.fft.rfftn(x, dim=(-2, -1))
+    >>> torch.allclose(spectrum, rfft[:, [0, 1, 2, 13, 14, 15]][..., :2])
+    True
+    >>> plan.inverse(spectrum).shape
+    torch.Size([4, 16, 12])
     """
 
     @torch.inference_mode(False)  # bases built during an inference pass must serve training later

@@ -8,7 +8,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from drift.stages import conjugate_fold
+from drift.truncated._stages import conjugate_fold
 
 
 def folded_rows(modes: Sequence[int], n: int) -> int:

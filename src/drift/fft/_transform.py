@@ -18,9 +18,10 @@ import numpy
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from drift import comm, dct
+from drift import comm
 from drift._plan import ComplexModule, Workspace, check_input, complex_dtype, real_dtype, resolve_device
 from drift.errors import PlanError
+from drift.fft import _dct as dct
 from drift.layout import Layout, chunk_sizes, chunk_slice, dtensor_layout, shift_placements, to_dtensor
 from drift.modes import ModeSpec, mode_lists
 from drift.recording import recorded
@@ -252,7 +253,7 @@ class DistributedFFT(ComplexModule):
         mesh, placements: where the blocks live, as for ``TruncatedFFT`` (``drift.Layout``); at least
             one transformed dim must be whole.
         kind: "c2c" (``torch.fft.fftn``), "r2c" (``torch.fft.rfftn``, last output extent N//2+1) or
-            "dct2" (``scipy.fft.dctn(type=2)``; local DCTs by FFT with twiddles, see ``drift.dct``).
+            "dct2" (``scipy.fft.dctn(type=2)``; local DCTs by FFT with twiddles, see ``drift.fft._dct``).
         dtype: the real precision, ``torch.float32`` or ``torch.float64``. c2c takes complex input of
             that precision, r2c and dct2 real input. ``.to()``/``.double()``/``.float()`` convert the plan.
         device, strict: as for ``TruncatedFFT``.
@@ -265,6 +266,16 @@ class DistributedFFT(ComplexModule):
 
     Input blocks follow ``layout.local_slices``; output blocks follow ``output_slices()`` inside
     ``output_shape``, split as ``output_placements`` say. DTensor inputs give DTensor outputs.
+
+    Example, on one device (on a mesh each rank passes its block and gets its block of the output):
+
+    >>> import torch, drift
+    >>> plan = drift.DistributedFFT((16, 12), kind="r2c", dtype=torch.float64)
+    >>> plan.output_shape
+    (16, 7)
+    >>> x = torch.randn(4, 16, 12, dtype=torch.float64)
+    >>> torch.allclose(plan.forward(x), torch.fft.rfftn(x, dim=(-2, -1)))
+    True
     """
 
     @torch.inference_mode(False)  # buffers made during an inference pass must serve training later
