@@ -47,6 +47,7 @@ from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placement
 from drift.modes import ModeSpec, PaddingSpec, mode_lists, padding_pairs
 from drift.recording import recorded
 from drift.truncated._contraction import plan_orders
+from drift.truncated._maps import GatherMap, LinearMap, ScatterMap
 from drift.truncated._overlap import compute_then_send, receive_then_compute
 from drift.truncated._stages import Fold, Stage, apply_stage, conjugate_fold
 
@@ -67,50 +68,6 @@ def _reduction_mesh(layout: Layout, shape: Sequence[int]) -> DeviceMesh | None:
             raise ValueError(f"reduction {tuple(shape)} needs a mesh: without one the field is on one rank")
         return None
     return reduction_mesh(layout.mesh, layout.spatial_axes, shape)
-
-
-class _LinearMap(torch.autograd.Function):
-    """A plan's stages as one autograd node: the map is linear, so its backward is the adjoint map applied
-    to the gradient (itself such a node, so double backward works) and nothing is saved."""
-
-    @staticmethod
-    def forward(ctx, plan: TruncatedFFT, stages, adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
-        ctx.plan, ctx.stages, ctx.adjoint, ctx.name = plan, stages, adjoint, name
-        return plan._run_chunks(stages, t, name)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        plan = ctx.plan
-        return None, None, None, None, plan._run(ctx.adjoint, grad.contiguous(), f"{ctx.name}_adjoint", ctx.stages)
-
-
-class _ScatterMap(torch.autograd.Function):
-    """A plan's stages, then the reduce-scatter of the result's shares (``_scatter_pieces``); its adjoint
-    is ``_GatherMap`` with the adjoint stages, and the other way round."""
-
-    @staticmethod
-    def forward(ctx, plan: TruncatedFFT, stages, adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
-        ctx.plan, ctx.stages, ctx.adjoint, ctx.name = plan, stages, adjoint, name
-        return plan._scatter_pieces(stages, t, name)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        gathered = ctx.plan._gather(ctx.adjoint, ctx.stages, f"{ctx.name}_adjoint", grad.contiguous())
-        return None, None, None, None, gathered
-
-
-class _GatherMap(torch.autograd.Function):
-    """The all-gather of every rank's shares, then a plan's stages (``_gather_pieces``)."""
-
-    @staticmethod
-    def forward(ctx, plan: TruncatedFFT, stages, adjoint, name: str, t: torch.Tensor) -> torch.Tensor:
-        ctx.plan, ctx.stages, ctx.adjoint, ctx.name = plan, stages, adjoint, name
-        return plan._gather_pieces(stages, t, name)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        scattered = ctx.plan._scatter(ctx.adjoint, ctx.stages, f"{ctx.name}_adjoint", grad.contiguous())
-        return None, None, None, None, scattered
 
 
 class TruncatedFFT(ComplexModule):
@@ -411,11 +368,11 @@ class TruncatedFFT(ComplexModule):
 
         Every pass runs in chunks of rows whose intermediates fit ``work_bytes``, staged through the
         plan's resident workspace, the last stage writing each chunk straight into the (fresh) result.
-        Autograd records the map as one linear node (``_LinearMap``) that saves nothing: its backward
+        Autograd records the map as one linear node (``_maps.LinearMap``) that saves nothing: its backward
         applies the adjoint stages the same way.
         """
         if recorded(t):
-            return _LinearMap.apply(self, stages, adjoint, name, t)
+            return LinearMap.apply(self, stages, adjoint, name, t)
         return self._run_chunks(stages, t, name)
 
     def chunk_rows(self, stages: tuple[Stage, ...], sizes: Sequence[int], rows: int) -> int:
@@ -458,7 +415,7 @@ class TruncatedFFT(ComplexModule):
         """``stages`` on ``t`` ``(rows, ...)`` into ``(rows, *mode_shape)``, then this rank's shares of the
         sum over ranks ``(rows, *share_shape)`` (``Layout.reduce_scatter_shares``), in ``overlap`` pieces."""
         if recorded(t):
-            return _ScatterMap.apply(self, stages, adjoint, name, t)
+            return ScatterMap.apply(self, stages, adjoint, name, t)
         return self._scatter_pieces(stages, t, name)
 
     def _scatter_pieces(self, stages: tuple[Stage, ...], t: torch.Tensor, name: str) -> torch.Tensor:
@@ -473,7 +430,7 @@ class TruncatedFFT(ComplexModule):
         """Every rank's shares ``t`` ``(rows, *share_shape)`` joined into ``(rows, *mode_shape)``
         (``Layout.all_gather_shares``), then ``stages`` on them (into ``out``), in ``overlap`` pieces."""
         if recorded(t):
-            return _GatherMap.apply(self, stages, adjoint, name, t)
+            return GatherMap.apply(self, stages, adjoint, name, t)
         return self._gather_pieces(stages, t, name, out)
 
     def _gather_pieces(
