@@ -8,8 +8,11 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
+from reference import rel_err
 
 import drift
+from drift.nn import FNO
 
 API = Path(__file__).parent / "fixtures" / "bab9d58" / "api.txt"
 
@@ -35,3 +38,20 @@ def test_every_former_name_imports(module, names):
 
 def test_the_version_is_the_installed_distributions():
     assert drift.__version__ == importlib.metadata.version("drift-spectral")
+
+
+def test_the_former_neuralop_methods_warn_and_convert():
+    """``FNO.from_neuralop`` and ``fno.to_neuralop()`` (0.1.0) are ``drift.nn.from_neuralop`` and
+    ``drift.nn.to_neuralop``, with a DeprecationWarning naming them."""
+    neuralop = pytest.importorskip("neuralop.models")
+    torch.manual_seed(0)
+    theirs = neuralop.FNO(n_modes=(4, 4), in_channels=2, out_channels=1, hidden_channels=4, n_layers=2)
+    with pytest.warns(DeprecationWarning, match=r"FNO.from_neuralop moved to drift.nn.from_neuralop"):
+        ours = FNO.from_neuralop(theirs)
+    x = torch.randn(1, 2, 8, 8)
+    with torch.no_grad():
+        assert rel_err(ours(x), theirs(x)) <= 1e-5
+    with pytest.warns(DeprecationWarning, match=r"FNO.to_neuralop moved to drift.nn.to_neuralop"):
+        back = ours.to_neuralop()
+    with torch.no_grad():
+        assert rel_err(back(x), theirs(x)) <= 1e-5

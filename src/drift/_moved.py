@@ -36,6 +36,12 @@ def _warn(old: str, new: str, stacklevel: int) -> None:
     warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
 
 
+def deprecated(old: str, new: str) -> None:
+    """Warns (DeprecationWarning, at the caller's caller) that ``old`` moved to ``new``: for methods and
+    functions kept as deprecated aliases."""
+    _warn(old, new, stacklevel=3)
+
+
 def moved_names(old: str, homes: dict[str, Iterable[str]]) -> Callable[[str], object]:
     """A module ``__getattr__`` (PEP 562) for module ``old``, whose names listed in ``homes`` (new module
     -> names) now live in those modules: each is given with a DeprecationWarning naming its new home; any

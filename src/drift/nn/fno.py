@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
 from drift._compat import ConversionHooks
+from drift._moved import deprecated as _deprecated
 from drift.errors import PlanError
 from drift.layout import Layout, to_dtensor
 from drift.modes import ModeSpec
@@ -200,6 +201,21 @@ class FNO(ConversionHooks):
         with expansion 0.5 and a soft-gating skip, linear FNO skip, lifting and projection ratios 2);
         ``options`` override them or set any other argument. ``modes`` are drift's (``k`` keeps ``2k``)."""
         return cls(in_channels, out_channels, width, modes, n_layers, **{**NEURALOP_DEFAULTS, **options})
+
+    @classmethod
+    def from_neuralop(cls, model: nn.Module, **options) -> FNO:
+        """Deprecated since 0.2.0, goes in 0.3.0: ``drift.nn.from_neuralop(model, **options)``."""
+        _deprecated("FNO.from_neuralop", "drift.nn.from_neuralop")
+        from drift.nn.neuralop import from_neuralop  # neuralop imports this module: here only on use
+
+        return from_neuralop(model, **options)
+
+    def to_neuralop(self) -> nn.Module:
+        """Deprecated since 0.2.0, goes in 0.3.0: ``drift.nn.to_neuralop(fno)``."""
+        _deprecated("FNO.to_neuralop", "drift.nn.to_neuralop")
+        from drift.nn.neuralop import to_neuralop  # neuralop imports this module: here only on use
+
+        return to_neuralop(self)
 
     @staticmethod
     def former_name(name: str) -> str:
