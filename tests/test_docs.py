@@ -1,5 +1,6 @@
 """The documentation site builds with warnings as errors, and its API reference names the key objects."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,10 @@ def test_docs_build_without_warnings_and_name_the_api(tmp_path):
         assert f'id="{name}"' in api, f"the API page does not document {name}"
     for page in ("TRAINING", "PYTORCH", "TRANSFORMS", "FNO", "PDEBENCH", "PERFORMANCE", "BENCHMARKS", "GLOSSARY"):
         assert (out / f"{page}.html").is_file(), f"docs/{page}.md is not in the site"
+    # The front page holds the quickstart, from the README: install, the demo, a first example.
+    front = re.sub(r"<[^>]+>", "", (out / "index.html").read_text(encoding="utf-8"))
+    for text in ("pip install -e", "drift train --nproc 4", "parallelize(model, mesh"):
+        assert text in front, f"the front page lacks the quickstart's {text!r}"
     # The benchmarks: one page per topic, each in the site and linked from the index.
     pages = sorted(path.stem for path in (ROOT / "docs" / "benchmarks").glob("*.md"))
     assert pages == ["capacity", "clusters", "data", "gpu", "layers", "models", "transforms"], pages
