@@ -10,9 +10,17 @@ import pytest
 
 import drift
 import drift.data
+import drift.nn
 
 # What a user meets first: each shows a call and what it returns.
-SHOWN = [drift.TruncatedFFT, drift.DistributedFFT, drift.data.PDEBench3D]
+SHOWN = [
+    drift.TruncatedFFT,
+    drift.DistributedFFT,
+    drift.nn.SpectralConv,
+    drift.nn.FNO,
+    drift.nn.parallelize,
+    drift.data.PDEBench3D,
+]
 
 
 def _modules_with_examples() -> list[str]:

@@ -94,6 +94,14 @@ class FNO(ConversionHooks):
     Built on one device it is an ordinary module taking plain tensors; ``drift.nn.parallelize(model,
     mesh, placements)`` makes it take and return DTensors, its spectral weights sharded over the mesh
     and every other parameter replicated.
+
+    Example, a 2-D FNO on one device (``drift.nn.parallelize`` distributes it):
+
+    >>> import torch
+    >>> from drift.nn import FNO
+    >>> model = FNO(3, 1, width=8, modes=(4, 4), n_layers=2)
+    >>> model(torch.randn(2, 3, 32, 32)).shape
+    torch.Size([2, 1, 32, 32])
     """
 
     def __init__(

@@ -61,6 +61,21 @@ def parallelize(
     ``Machine.default(mesh.device_type)``): for layers built with ``method="auto"``, which become the
     method the cost model predicts fastest there (``layer.choice`` says why; dfno-pruned is no candidate
     with ``reduction``, ``overlap`` or with domain padding on a split dim). Required when there is such a layer.
+
+    Example on a mesh of one rank (``torchrun`` starts the process group of several; the same lines run
+    on each):
+
+    >>> import torch, torch.distributed as dist
+    >>> from torch.distributed.device_mesh import init_device_mesh
+    >>> from torch.distributed.tensor import Shard, distribute_tensor
+    >>> from drift.nn import FNO, parallelize
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> mesh = init_device_mesh("cpu", (1,))
+    >>> model = parallelize(FNO(3, 1, width=8, modes=(4, 4), n_layers=2), mesh, [Shard(2)])
+    >>> y = model(distribute_tensor(torch.randn(2, 3, 16, 16), mesh, [Shard(2)]))
+    >>> type(y).__name__, y.shape, y.placements
+    ('DTensor', torch.Size([2, 1, 16, 16]), (Shard(dim=2),))
+    >>> dist.destroy_process_group()
     """
     d = next((m.ndim for m in model.modules() if isinstance(m, SpectralConv)), None)
     if d is None:

@@ -106,6 +106,16 @@ class SpectralConv(ComplexModule):
 
     ``method`` reads the method's name ("auto" until it is resolved), ``spectral_method`` the
     ``drift.nn.methods`` object the layer holds, ``choice`` what "auto" chose and why.
+
+    Example, on one device (``drift.nn.parallelize`` distributes it):
+
+    >>> import torch
+    >>> from drift.nn import SpectralConv
+    >>> conv = SpectralConv(3, 2, modes=(4, 3))
+    >>> conv.weight.shape  # (in, out, 2 x 4 kept frequencies of x, 3 of y's half spectrum)
+    torch.Size([3, 2, 8, 3])
+    >>> conv(torch.randn(5, 3, 16, 12)).shape
+    torch.Size([5, 2, 16, 12])
     """
 
     def __init__(
