@@ -1,5 +1,5 @@
 """Module paths and names that moved: each keeps working for one minor version, with a DeprecationWarning
-that names its new home (docs/API.md lists them; tests/test_api.py imports every one).
+that names its new home (docs/STABILITY.md lists them; tests/test_api.py imports every one).
 
 ``MODULES`` maps a former module path to the module it became: importing the former path gives that very
 module (so patching either patches both). Names that moved out of a module that still exists are answered
