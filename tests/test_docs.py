@@ -31,6 +31,11 @@ def test_docs_build_without_warnings_and_name_the_api(tmp_path):
         "drift.data.PDEBench3D",
     ):
         assert f'id="{name}"' in api, f"the API page does not document {name}"
+    # The reference opens with the transforms, layouts, parallelize and the models; instrumentation after.
+    order = [api.index(f'id="{name}"') for name in ("drift.TruncatedFFT", "drift.Layout", "drift.Collective")]
+    assert order == sorted(order), order
+    order = [api.index(f'id="{name}"') for name in ("drift.nn.parallelize", "drift.nn.FNO", "drift.nn.ChannelMLP")]
+    assert order == sorted(order), order
     for page in ("TRAINING", "PYTORCH", "TRANSFORMS", "FNO", "PDEBENCH", "PERFORMANCE", "BENCHMARKS", "GLOSSARY"):
         assert (out / f"{page}.html").is_file(), f"docs/{page}.md is not in the site"
     # The front page holds the quickstart, from the README: install, the demo, a first example.

@@ -27,18 +27,19 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'drift' has no attribute {name!r}")
 
 
+# In the API reference's order: the transforms, where fields live, then tools.
 __all__ = [
-    "Collective",
-    "CommLog",
+    "TruncatedFFT",
     "DistributedFFT",
     "Layout",
-    "PlanError",
-    "TruncatedFFT",
-    "comm_log",
     "grid_mesh",
+    "reduction_mesh",
+    "PlanError",
     "load_exported",
+    "profile",
+    "comm_log",
+    "CommLog",
+    "Collective",
     "memory",
     "optim",
-    "profile",
-    "reduction_mesh",
 ]
