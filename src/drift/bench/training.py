@@ -54,7 +54,7 @@ def _plot(runs: list[dict], path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     """The ``drift bench train`` subcommand."""
     options = {k: v for k, v in vars(args).items() if k != "out"}
-    base = config_from(options, method="drift", progress=False, plots=False)
+    base = config_from(options, method="drift", quiet=True, plots=False)
     try:
         if base.data is None:
             size = {k: v for k, v in (("resolution", args.resolution), ("samples", args.samples)) if v is not None}

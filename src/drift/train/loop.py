@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tqdm import tqdm
 from drift import comm
 from drift.checkpoint import save_checkpoint
 from drift.cluster import Cluster, PeersLost, describe
+from drift.console import bars_shown
 from drift.data import Prefetch
 from drift.launch import process_group, rank_device
 from drift.layout import local_block
@@ -86,7 +88,7 @@ def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> l
         range(run.start, config.epochs),
         desc=f"{config.method} P={comm.world_size()}",
         unit="epoch",
-        disable=run.rank != 0 or not config.progress,
+        disable=run.rank != 0 or config.quiet or not bars_shown(config.progress),
         initial=run.start,
         total=config.epochs,
     )
@@ -101,7 +103,7 @@ def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> l
             final, test_l2 = _epoch(run, bar, epoch, schedule[epoch], batches)
     bar.close()
     if final is not None:
-        write_test_metrics(run.out, config.split, run.history[-1]["epoch"], test_l2, final.compute(), config.progress)
+        write_test_metrics(run.out, config.split, run.history[-1]["epoch"], test_l2, final.compute(), not config.quiet)
     if run.history and config.plots:
         save_plots(run.out, run.history, run.model, run.test_set, run.sharding, run.device, config.method)
     return run.history
@@ -227,16 +229,18 @@ def _end_epoch(
 
 
 def _report(run: Run, bar: tqdm, row: dict) -> None:
-    """Rank 0: an epoch's metrics row in ``metrics.jsonl``, on the progress bar and (``--progress``) a line."""
+    """Rank 0: an epoch's metrics row in ``metrics.jsonl``, on the progress bar and (unless ``--quiet``) a
+    line on stdout, flushed at once for a log that a killed job leaves."""
     with open(run.out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
     train_loss, test_l2, seconds = row["train_loss"], row["test_rel_l2"], row["seconds"]
     bar.set_postfix(loss=f"{train_loss:.4g}", test_l2=f"{test_l2:.4f}", s_per_epoch=f"{seconds:.1f}")
-    if run.config.progress:
+    if not run.config.quiet:
         bar.write(
             f"epoch {row['epoch']:3d}/{run.config.epochs}  loss {train_loss:.5f}  "
             f"test rel L2 {test_l2:.4f}  {seconds:5.1f} s"
         )
+        sys.stdout.flush()
 
 
 def _stopped(out: Path, received: str | None, path: Path, epoch: int, step: int | None) -> Stopped:
@@ -259,7 +263,7 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
     with StopSignals() as stop, process_group(config.device):
         if config.data is None:
             if comm.rank() == 0:
-                ensure_default_data(config.progress, rank_device())
+                ensure_default_data(False if config.quiet else config.progress, rank_device())
             comm.barrier()
             config = dataclasses.replace(config, data=str(default_data_path()))
         check_config(config, comm.world_size())

@@ -102,7 +102,7 @@ def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> R
     files = PDEBenchFiles(data)
     sharding = Sharding.build(config, comm.world_size(), device.type)
     model = build_model(config, device, sharding, (*files.grid, config.t_out))
-    if rank == 0 and config.progress and model.blocks[0].spectral.choice is not None:
+    if rank == 0 and not config.quiet and model.blocks[0].spectral.choice is not None:
         print(f"drift train: method {model.blocks[0].spectral.choice}", flush=True)
     optimizer = make_optimizer(config, model)
     history, saved = [], None
