@@ -116,8 +116,7 @@ def train(config: TrainConfig, *, resume_auto: bool = False, nproc: int | None =
     """``drift train`` with the options ``config``: on ``config.nproc`` ranks started here, or as one rank
     under torchrun (``nproc``: ``--nproc`` as given, None when left out; torchrun's ranks then count).
     ``resume_auto``: ``--resume auto``, which resumes when ``--out`` holds a checkpoint of this run (as
-    a requeued SLURM job does without it). The data, test data and run folder are recorded as absolute
-    paths."""
+    a requeued SLURM job does without it). The run records its data and test data as absolute paths."""
     from drift.launch import RankError, launched
     from drift.stopping import EXIT_STOPPED, Stopped
     from drift.train import ConfigError, restarted, resumed_data, slurm_requeued
@@ -212,9 +211,10 @@ def _launch(config: TrainConfig, expected: tuple[type, ...]) -> list[dict] | Sto
     return _train_restarting(config, expected)
 
 
-def absolute(paths: Sequence[str]) -> str | tuple[str, ...]:
-    """Data files and folders as absolute paths: one as a string, several as a tuple."""
-    full = tuple(os.path.abspath(p) for p in paths)
+def absolute(paths: str | Sequence[str]) -> str | tuple[str, ...]:
+    """Data files and folders (one path, or several) as absolute paths: one as a string, several as a
+    tuple."""
+    full = tuple(os.path.abspath(p) for p in ((paths,) if isinstance(paths, str) else paths))
     return full[0] if len(full) == 1 else full
 
 

@@ -58,18 +58,19 @@ class Option:
         return flag.replace("--", "--no-", 1) if self.switch and self.default is True else flag
 
     def shown_default(self) -> str:
-        """The default as the help and the table show it ("" for a switch's: the flag is not given)."""
+        """The default as the help and the table show it: ``unset`` for None, "" for a bool's (the flag
+        not given)."""
         if self.default is None:
             return self.unset or ""
-        if self.switch or (self.alone and self.default is False):
+        if isinstance(self.default, bool):
             return ""
         if isinstance(self.default, tuple):
             return ",".join(map(str, self.default))
         return str(self.default)
 
     def usage(self) -> str:
-        """The option as the table writes it: ``--width N``, ``--progress``/``--no-progress``,
-        ``--resume [auto]``."""
+        """The option as the table writes it: ``--width WIDTH``, ``--model {plain,neuralop}``, ``--data
+        FILE...``, ``--progress``/``--no-progress``, ``--resume [auto]``."""
         if self.switch:
             return f"`{self.flag}`" + (f"/`--no-{self.flag[2:]}`" if self.default is None else "")
         value = self.metavar or ("{" + ",".join(self.choices) + "}" if self.choices else self.name.upper())
@@ -122,22 +123,24 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
     """An argument of ``parser`` for each declared option of dataclass ``cls``; each parses to None when
     not given."""
     for declaration in declared(cls):
-        flags, arguments = _argument(declaration)
-        parser.add_argument(*flags, dest=declaration.name, default=None, help=declaration.help_text(), **arguments)
+        arguments = _arguments(declaration)
+        parser.add_argument(
+            declaration.flag, dest=declaration.name, default=None, help=declaration.help_text(), **arguments
+        )
 
 
-def _argument(declaration: Option) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """The flags and ``add_argument`` keywords of ``declaration``."""
+def _arguments(declaration: Option) -> dict[str, Any]:
+    """The ``add_argument`` keywords of ``declaration`` besides its flag, destination, default and help."""
     if declaration.switch:
         if declaration.default is None:
-            return (declaration.flag,), dict(action=argparse.BooleanOptionalAction)
-        return (declaration.flag,), dict(action="store_false" if declaration.default else "store_true")
+            return dict(action=argparse.BooleanOptionalAction)
+        return dict(action="store_false" if declaration.default else "store_true")
     arguments: dict[str, Any] = dict(type=declaration.parse, choices=declaration.choices, metavar=declaration.metavar)
     if declaration.many:
         arguments["nargs"] = "+"
     if declaration.alone:
         arguments.update(nargs="?", const=True)
-    return (declaration.flag,), {k: v for k, v in arguments.items() if v is not None}
+    return {k: v for k, v in arguments.items() if v is not None}
 
 
 def markdown_table(cls: type) -> str:
