@@ -40,7 +40,7 @@ import torch
 from drift import comm
 from drift.data import FIELDS, PDEBench3D, Stats
 from drift.data.pdebench import COORDINATES
-from drift.launch import run_ranks
+from drift.jobs.launch import run_ranks
 from drift.train import TrainConfig, model_input, train
 
 T_IN, T_OUT = 5, 16  # the frames one read takes: the paper's
@@ -205,7 +205,7 @@ def main() -> None:
         base = TrainConfig(
             data=str(path), model="plain", width=args.width, modes=(4, 4, 4, 2), layers=args.layers,
             t_in=T_IN, t_out=args.t_out, epochs=args.epochs, batch_size=1, loss="mse", schedule="constant",
-            progress=False, plots=False, device=args.device,
+            quiet=True, plots=False, device=args.device,
         )  # fmt: skip
         for size in args.ranks if args.what != "reads" else ():
             for mode in MODES:

@@ -2,7 +2,7 @@
 
 drift (``drift.comm.reduce_scatter`` on CPU tensors) sends each share to its owner in one all-to-all, and
 the owner sums the P pieces; Gloo's own collective moves the same bytes. Each variant runs on P local
-ranks (``drift.launch``), one thread each, interleaved in an order alternated every repeat; a time is
+ranks (``drift.jobs.launch``), one thread each, interleaved in an order alternated every repeat; a time is
 the slowest rank's between barriers. Prints medians and the ratio, checks the two results agree, and
 writes JSON. The default payload is one FNO block's spectrum at the paper's modes, 20 x 16^4 complex64.
 
@@ -20,7 +20,7 @@ import torch
 
 from drift import comm
 from drift.bench.runner import machine, timed
-from drift.launch import run_ranks
+from drift.jobs.launch import run_ranks
 
 
 def _worker(numel: int, repeats: int) -> dict:

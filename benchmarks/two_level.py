@@ -227,7 +227,7 @@ def _wire_per_forward(case: tuple, repeats: int, first_on_host: bool) -> float:
 
     from drift import comm
     from drift.bench import blocks
-    from drift.launch import rank_device
+    from drift.jobs.launch import rank_device
     from drift.nn import PointwiseLinear, SpectralConv, fno_block
 
     shape, modes, width, method, options = case
@@ -255,7 +255,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from drift import comm
     from drift.bench import blocks
-    from drift.launch import process_group
+    from drift.jobs.launch import process_group
     from drift.nn import PointwiseLinear, SpectralConv
 
     torch.set_num_threads(1)

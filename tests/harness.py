@@ -1,4 +1,4 @@
-"""Run a function on P ranks of a torch.distributed group from a pytest test: ``drift.launch.RankPool``
+"""Run a function on P ranks of a torch.distributed group from a pytest test: ``drift.jobs.launch.RankPool``
 on the test device, one thread per rank.
 
 ``rank_pool(P)`` is a live pool (Gloo on 127.0.0.1, or NCCL with ``DRIFT_TEST_DEVICE=cuda``; skipped when
@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from drift.launch import RankPool
+from drift.jobs.launch import RankPool
 
 DEVICE_ENV = "DRIFT_TEST_DEVICE"
 

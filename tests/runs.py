@@ -23,8 +23,8 @@ from drift.train import TrainConfig, train
 DEVICE = os.environ.get(DEVICE_ENV, "cpu")
 
 # A deadline of a run only catches hangs: far above what any case takes on a loaded two-core machine, and
-# below the collective timeouts a hung run would otherwise wait out (drift.timeouts.FIRST_S, 600 s, for a
-# phase not yet timed; drift.launch.GROUP_TIMEOUT_S, 1800 s, at start-up).
+# below the collective timeouts a hung run would otherwise wait out (drift.jobs.timeouts.FIRST_S, 600 s, for a
+# phase not yet timed; drift.jobs.launch.GROUP_TIMEOUT_S, 1800 s, at start-up).
 HANG_S = 300.0
 
 # drift train's options for the tiny model of ``train_config`` (one rank, no progress bars, no plots).

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from drift import cost, launch
+from drift import cost
 from drift.bench import capacity, cli, comm
-from drift.launch import MemoryCapExceeded, RankError, run_ranks, set_rank_threads
+from drift.jobs import launch
+from drift.jobs.launch import MemoryCapExceeded, RankError, run_ranks, set_rank_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

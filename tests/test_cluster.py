@@ -25,8 +25,8 @@ import drift.train
 import drift.train.loop
 from drift import comm
 from drift.cli import main
-from drift.stopping import EXIT_STOPPED, STOPPED
-from drift.timeouts import FIRST_S, PhaseTimeouts
+from drift.jobs.stopping import EXIT_STOPPED, STOPPED
+from drift.jobs.timeouts import FIRST_S, PhaseTimeouts
 from drift.train import train_rank
 
 TESTS = Path(__file__).parent

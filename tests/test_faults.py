@@ -46,8 +46,8 @@ import drift.train.loop
 from drift import comm
 from drift.checkpoint import LOCK, FolderInUse, folder_lock
 from drift.cli import main
-from drift.launch import RankError
-from drift.reports import FAILURE_LOG
+from drift.jobs.launch import RankError
+from drift.jobs.reports import FAILURE_LOG
 from drift.train import TrainConfig, evaluate, train, train_rank
 
 

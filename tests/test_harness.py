@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from harness import ended_by_timeout, rank_pool
 
-from drift.launch import RankError
+from drift.jobs.launch import RankError
 
 
 def _rank_and_size():

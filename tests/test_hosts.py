@@ -21,7 +21,7 @@ from runs import assert_same_metrics, checkpoint_names, metric_rows, tiny_data, 
 
 from drift.checkpoint import usable_checkpoint
 from drift.cli import main
-from drift.timeouts import FLOOR_S
+from drift.jobs.timeouts import FLOOR_S
 from drift.train import META_KEYS
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread a rank everywhere: every run sums in one order

@@ -33,7 +33,7 @@ from drift import comm
 from drift.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.cli import main
 from drift.data import PDEBench3D, Stats, generate
-from drift.launch import RankError
+from drift.jobs.launch import RankError
 from drift.train import (
     LEGACY_OPTIONS,
     ConfigError,

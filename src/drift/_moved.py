@@ -21,10 +21,16 @@ from types import ModuleType
 REMOVED_IN = "0.3.0"
 
 MODULES: dict[str, str] = {
+    "drift.cluster": "drift.jobs.cluster",
     "drift.contraction": "drift.truncated._contraction",
     "drift.dct": "drift.fft._dct",
+    "drift.launch": "drift.jobs.launch",
     "drift.overlap": "drift.truncated._overlap",
+    "drift.predictor": "drift.predict.predictor",
+    "drift.reports": "drift.jobs.reports",
     "drift.stages": "drift.truncated._stages",
+    "drift.stopping": "drift.jobs.stopping",
+    "drift.timeouts": "drift.jobs.timeouts",
 }
 
 # (former module, name) -> the module that holds it now, filled as moved_names is called.

@@ -49,6 +49,35 @@ def indices(text: str) -> tuple[int, ...]:
     return tuple(chosen)
 
 
+def count(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    if not text.isdecimal():
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 0")
+    return int(text)
+
+
+def fourier_modes(text: str) -> tuple[int, ...]:
+    """argparse type: Fourier modes per dim (x, y, z, t), one count for all four or four counts, like 4
+    or 8,8,8,4."""
+    try:
+        counts = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a mode count like 4 or 8,8,8,4") from None
+    if len(counts) == 1:
+        counts *= 4
+    if len(counts) != 4 or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need one or four positive counts (x, y, z, t)")
+    return counts
+
+
+def auto_only(text: str) -> str:
+    """argparse type of ``--resume``'s optional value: only ``auto``."""
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"{text!r}: --resume takes no value or auto")
+    return text
+
+
 positive_int = positive(int)
 positive_float = positive(float)
 shape = extents("a shape", "64x64x32x30")
+rank_grid = extents("a grid", "4x1x1", count=3)

@@ -403,7 +403,7 @@ def init_process_group(
 ) -> None:
     """Join the default process group on ``backend`` ("gloo" or "nccl"): the one the environment describes
     (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``: torchrun's), or as ``rank`` of
-    ``world_size`` on ``store`` (``drift.launch``'s pool); its collectives time out after ``timeout_s``
+    ``world_size`` on ``store`` (``drift.jobs.launch``'s pool); its collectives time out after ``timeout_s``
     seconds."""
     from datetime import timedelta
 

@@ -11,7 +11,7 @@ holds tensors, str, int, float, bool, None, lists and dicts only:
   (whatever number of ranks wrote it);
 - ``stats``: the normalisation statistics of the run's training set (``fields``, ``mean``, ``std``);
 - ``inputs``: how the model's input is assembled from raw frames: ``t_in``, ``t_out``, ``fields`` and
-  the layouts in words (``drift.predictor.Predictor`` does it);
+  the layouts in words (``drift.predict.predictor.Predictor`` does it);
 - ``trained``: the checkpoint, its epoch, the grid and the ranks it was trained on.
 
 ``load_exported(path)`` (also ``drift.load_exported``) rebuilds the model on one device and returns a
@@ -36,7 +36,7 @@ import drift
 from drift.data import Stats
 from drift.data.writer import write_failure
 from drift.nn import FNO, to_neuralop
-from drift.predictor import Predictor
+from drift.predict.predictor import Predictor
 from drift.train import Trained, fno_options, load_trained, trained_config
 
 FORMAT = "drift-fno"

@@ -27,7 +27,7 @@ from torch.distributed.tensor import Shard
 
 import drift
 from drift.bench.runner import bench_device, peak_rss_gb, spread, timed
-from drift.launch import RankError, rank_device, run_ranks
+from drift.jobs.launch import RankError, rank_device, run_ranks
 from drift.layout import Layout, grid_mesh, shift_placements, to_dtensor
 from drift.modes import mode_lists
 from drift.nn import FNO, PointwiseLinear, SpectralConv, fno_block, parallelize

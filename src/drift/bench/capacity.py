@@ -31,7 +31,7 @@ from drift.arguments import positive_float, positive_int
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.runner import available_gb, peak_private_gb, peak_rss_gb
-from drift.launch import RankError, run_ranks
+from drift.jobs.launch import RankError, run_ranks
 from drift.nn import FNO, METHODS
 
 TIME_STEPS = 30  # the paper's time extent (t_out = 16 kept of 30)

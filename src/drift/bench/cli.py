@@ -16,7 +16,8 @@ import torch
 from drift.arguments import positive_int
 from drift.bench import capacity, comm, modes, phases, scaling, training
 from drift.bench.runner import DEVICE_ENV
-from drift.launch import set_rank_threads
+from drift.jobs.console import progress_asked
+from drift.jobs.launch import set_rank_threads
 
 SUBCOMMANDS = {
     "scaling": (scaling, "strong and weak scaling of one FNO block, forward and backward, per method"),
@@ -40,6 +41,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=text, description=module.__doc__.split("\n\n")[0].replace("``", ""))
         module.add_arguments(parser)
         parser.add_argument(
+            "--progress",
+            action=argparse.BooleanOptionalAction,
+            help="progress bars on stderr (default: on a terminal)",
+        )
+        parser.add_argument(
             "--threads",
             type=positive_int,
             help="threads per rank (default: OMP_NUM_THREADS, else cores // P; 1 on a loaded machine)",
@@ -54,8 +60,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _run_with_options(run, args: argparse.Namespace) -> int:
-    """Run a subcommand with ``--threads`` per rank and its ranks on ``--device`` (read when it starts
-    them, from ``runner.DEVICE_ENV``)."""
+    """Run a subcommand with ``--threads`` per rank, its ranks on ``--device`` (read when it starts them,
+    from ``runner.DEVICE_ENV``) and its bars as ``--progress`` asks."""
     where = getattr(args, "device", "cpu")
     needed, gpus = _ranks_needed(args), torch.cuda.device_count()
     if where == "cuda" and gpus < needed:
@@ -66,7 +72,7 @@ def _run_with_options(run, args: argparse.Namespace) -> int:
         return 2
     if hasattr(args, "device"):
         os.environ[DEVICE_ENV] = where
-    with set_rank_threads(args.threads):
+    with set_rank_threads(args.threads), progress_asked(args.progress):
         return run(args)
 
 

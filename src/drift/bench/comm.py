@@ -56,7 +56,7 @@ from drift.arguments import shape as shape_arg
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.runner import barrier, bench_device, rank_zero, spread
-from drift.launch import rank_device, run_ranks
+from drift.jobs.launch import rank_device, run_ranks
 from drift.modes import mode_lists
 from drift.nn import FNO, METHODS
 from drift.profiling import synchronize_device

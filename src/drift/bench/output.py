@@ -20,11 +20,14 @@ from typing import Any
 from tqdm import tqdm
 
 from drift.bench.runner import machine
+from drift.jobs.console import bars_shown
 
 
 def progress(items: Iterable, desc: str, total: int | None = None, disable: bool = False) -> tqdm:
-    """A tqdm bar on stderr (hidden when ``disable``)."""
-    return tqdm(items, desc=desc, total=total, disable=disable, file=sys.stderr, leave=False, dynamic_ncols=True)
+    """A tqdm bar on stderr, hidden when ``disable`` and where ``drift.jobs.console.bars_shown()`` says (off a
+    terminal unless ``--progress``)."""
+    hidden = disable or not bars_shown()
+    return tqdm(items, desc=desc, total=total, disable=hidden, file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 def write_json(out: Path, name: str, command: str, config: dict[str, Any], **content: Any) -> Path:

@@ -1,6 +1,6 @@
-"""What the benchmarks need besides ``drift.launch``: their device, the machine, memory and timings.
+"""What the benchmarks need besides ``drift.jobs.launch``: their device, the machine, memory and timings.
 
-The benchmarks start their ranks with ``drift.launch.run_ranks``, on ``bench_device()`` (``drift bench
+The benchmarks start their ranks with ``drift.jobs.launch.run_ranks``, on ``bench_device()`` (``drift bench
 --device`` sets ``DRIFT_BENCH_DEVICE``). Helpers for the rank side: ``timed`` (the wall time of a call
 between barriers, so every rank sees the slowest rank's time), ``peak_rss_gb``, ``peak_private_gb`` and
 ``spread`` (median and quartiles of samples).
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from drift import comm, launch
+from drift import comm
+from drift.jobs import launch
 from drift.profiling import synchronize_device
 
 DEVICE_ENV = "DRIFT_BENCH_DEVICE"

@@ -23,7 +23,7 @@ from pathlib import Path
 from drift.arguments import positive_float, positive_int
 from drift.bench import output
 from drift.data import read_layout
-from drift.launch import RankError, run_ranks
+from drift.jobs.launch import RankError, run_ranks
 from drift.nn import METHODS
 from drift.nn.methods import Drift
 from drift.train import MODELS, ConfigError, TrainConfig, check_config, config_from, ensure_default_data, train_rank
@@ -54,7 +54,7 @@ def _plot(runs: list[dict], path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     """The ``drift bench train`` subcommand."""
     options = {k: v for k, v in vars(args).items() if k != "out"}
-    base = config_from(options, method="drift", progress=False, plots=False)
+    base = config_from(options, method="drift", quiet=True, plots=False)
     try:
         if base.data is None:
             size = {k: v for k, v in (("resolution", args.resolution), ("samples", args.samples)) if v is not None}

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from drift._plan import chunk_bound
 from drift.data.pdebench import write_pdebench3d
+from drift.jobs.console import bars_shown
 
 GAMMA = 5.0 / 3.0
 # Cells per chunk of trajectories that `generate` advances together. On the CPU the solver is bound by its
@@ -185,10 +186,11 @@ def generate(
     eta: float = 1e-8,
     zeta: float = 1e-8,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | None = None,
     device: torch.device | str = "cpu",
 ) -> None:
-    """Write ``samples`` trajectories from random initial data in PDEBench's 3D layout at ``path``.
+    """Write ``samples`` trajectories from random initial data in PDEBench's 3D layout at ``path``; a
+    progress bar on stderr if ``progress``, or when None on a terminal (``drift.jobs.console.bars_shown``).
 
     The initial data are drawn on the CPU, so a seed gives the same data on any ``device`` the solver runs
     on, to round-off (a GPU's fused multiply-adds round differently)."""
@@ -199,7 +201,7 @@ def generate(
     shape = (samples, frames, resolution, resolution, resolution)
     fields = {name: torch.empty(shape, dtype=torch.float32) for name in ("density", "pressure", "Vx", "Vy", "Vz")}
     chunk = max(1, chunk_bound(CHUNK_CELLS, OTHER_DEVICES_CHUNK_CELLS, device) // resolution**3)
-    with tqdm(total=samples, desc="simulating", unit="sample", disable=not progress) as bar:
+    with tqdm(total=samples, desc="simulating", unit="sample", disable=not bars_shown(progress)) as bar:
         for first in range(0, samples, chunk):
             count = min(chunk, samples - first)
             # Drawn one trajectory after another, as the data of a seed always were.

@@ -9,52 +9,27 @@ from collections.abc import Sequence
 
 import torch
 
-from drift.data import SPLITS, PDEBenchFiles
-from drift.launch import launched
+from drift._moved import moved_names
+from drift.data import PDEBenchFiles
+from drift.jobs.launch import launched
 from drift.layout import chunk_sizes, split_reduction
 from drift.modes import mode_lists
-from drift.nn import AUTO, FACTORIZATIONS, METHODS, cp_rank, method_named, mode_counts, tucker_rank
-from drift.train.config import HOSTS, LOSSES, MODELS, ON_NAN, SCHEDULES, ConfigError, TrainConfig
+from drift.nn import AUTO, cp_rank, method_named, mode_counts, tucker_rank
+from drift.options import first_problem
+from drift.train.config import HOSTS, ConfigError, TrainConfig
 from drift.train.resume import resume_point
 
 
 def check_config(config: TrainConfig, world_size: int) -> None:
     """Reject option values that cannot work, before any rank starts (ConfigError naming the option)."""
-    for name in ("width", "layers", "epochs", "batch_size", "nproc", "t_in", "t_out", "data_parallel", "overlap"):
-        if getattr(config, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
-    if not config.lr > 0:
-        raise ConfigError(f"--lr must be positive, got {config.lr}")
-    for name in ("checkpoint_every", "collective_timeout"):
-        value = getattr(config, name)
-        if value is not None and not 0 < value < math.inf:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if not config.weight_decay >= 0:
-        raise ConfigError(f"--weight-decay must be non-negative, got {config.weight_decay}")
-    if config.model not in MODELS:
-        raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {config.model!r}")
-    if config.schedule not in SCHEDULES:
-        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {config.schedule!r}")
-    if config.method not in (*METHODS, AUTO):
-        raise ConfigError(f"--method must be one of {', '.join((*METHODS, AUTO))}, got {config.method!r}")
+    if (problem := first_problem(config)) is not None:  # each option's choices and check (TrainConfig's)
+        raise ConfigError(problem)
     if config.factorization is not None:
-        if config.factorization not in FACTORIZATIONS:
-            raise ConfigError(
-                f"--factorization must be one of {', '.join(FACTORIZATIONS)}, got {config.factorization!r}"
-            )
         shape = (config.width, config.width, *mode_counts(config.modes, real=True))
         try:
             (tucker_rank if config.factorization == "tucker" else cp_rank)(shape, config.rank)
         except ValueError as exc:
             raise ConfigError(f"--rank {config.rank}: {exc}") from None
-    if config.loss not in LOSSES:
-        raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {config.loss!r}")
-    if config.on_nan not in ON_NAN:
-        raise ConfigError(f"--on-nan must be one of {', '.join(ON_NAN)}, got {config.on_nan!r}")
-    if config.split not in SPLITS:
-        raise ConfigError(f"--split must be one of {', '.join(SPLITS)}, got {config.split!r}")
-    if config.device not in ("cpu", "cuda"):
-        raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
     if config.device == "cuda":
         gpus = torch.cuda.device_count()
         if gpus < 1:
@@ -187,3 +162,14 @@ def check_resolution(config: TrainConfig, extents: Sequence[int], world_size: in
         mode_lists(config.modes, (*extents, config.t_out), real=True)
     except ValueError as exc:
         raise ConfigError(f"{option or '--modes ' + ','.join(map(str, config.modes))}: {exc}") from None
+
+
+# The choices this module imported at 0.1.0, now used where the options are declared: their homes.
+__getattr__ = moved_names(
+    __name__,
+    {
+        "drift.data": ("SPLITS",),
+        "drift.nn": ("FACTORIZATIONS", "METHODS"),
+        "drift.train.config": ("LOSSES", "MODELS", "ON_NAN", "SCHEDULES"),
+    },
+)

@@ -1,5 +1,5 @@
-"""The options of ``drift train``: their values (``TrainConfig``), the choices some take, the options a
-checkpoint pins, and the default data set."""
+"""The options of ``drift train``: their declarations and values (``TrainConfig``), the choices some take,
+the options a checkpoint pins, and the default data set."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from pathlib import Path
 
 import torch
 
-from drift.data import generate
+from drift.arguments import auto_only, count, extents, fourier_modes, positive_float, positive_int, rank_grid
+from drift.data import SPLITS, generate
+from drift.nn import AUTO, FACTORIZATIONS, METHODS
+from drift.options import at_least, non_negative, option, positive
 
 # The small data set `drift train` writes when --data is not given.
 DEFAULT_DATA = dict(samples=256, resolution=16, frames=21, seed=0)
@@ -40,45 +43,182 @@ class ConfigError(ValueError):
 
 
 HOSTS = "hosts"  # --reduction hosts: drift's spectra reduced within each host first, then across hosts
+DEVICES = ("cpu", "cuda")  # --device: Gloo ranks on the CPU, or NCCL ranks with one GPU each
+METHOD_CHOICES = (*METHODS, AUTO)  # --method: a spectral convolution, or the one the cost model chooses
+_reduction_shape = extents("a reduction", "8x4")
+
+
+def _reduction(text: str) -> tuple[int, ...] | str:
+    """argparse type of ``--reduction``: a mesh shape like 8x4, or HOSTS."""
+    return text if text == HOSTS else _reduction_shape(text)
 
 
 @dataclass
 class TrainConfig:
-    """The options of ``drift train`` (see ``drift train --help``)."""
+    """The options of ``drift train``, each declared once (``drift.options``): its field's ``Option``
+    gives its flag, help, choices, parsing and check, from which come ``drift train``'s parser,
+    ``check_config``'s check of single values and the option table of docs/TRAINING.md."""
 
-    data: str | tuple[str, ...] | None = None  # a file, or several files and folders read as one data set
-    test_data: tuple[str, ...] | None = None  # a separate test set (every trajectory of these files)
-    grid: tuple[int, int, int] | None = None
-    data_parallel: int = 1
-    reduction: tuple[int, ...] | str | None = None  # a mesh shape, or HOSTS
-    overlap: int = 1
-    method: str = "drift"
-    model: str = "neuralop"
-    width: int = 20
-    modes: tuple[int, int, int, int] = (3, 3, 3, 4)
-    factorization: str | None = None
-    rank: float = 1.0
-    layers: int = 4
-    epochs: int = 4
-    lr: float = 3e-3
-    weight_decay: float = 1e-4
-    schedule: str = "cosine"
-    loss: str = "frame-weighted"
-    batch_size: int = 2
-    seed: int = 0
-    device: str = "cpu"
-    out: str = "runs/train"
-    nproc: int = 1
-    resume: bool = False
-    t_in: int = 5
-    t_out: int = 16
-    progress: bool = True
-    plots: bool = True
-    on_nan: str = "stop"
-    split: str = "last"
-    checkpoint_every: float | None = None
-    collective_timeout: float | None = None
-    prefetch: bool = True  # read the next batch in a background thread during the step
+    data: str | tuple[str, ...] | None = option(
+        None,
+        "PDEBench 3D CFD HDF5 files or folders of them (*.hdf5, *.h5), read as one data set in the order given, "
+        "a folder's files by name; --split applies to each file",
+        metavar="FILE",
+        many=True,
+        unset="generate a small set into the cache",
+    )
+    test_data: tuple[str, ...] | None = option(
+        None,
+        "a separate test set: every trajectory of these files or folders (then every trajectory of --data "
+        "trains, and --split does not apply)",
+        metavar="FILE",
+        many=True,
+    )
+    grid: tuple[int, int, int] | None = option(
+        None, "spatial ranks per spatial dim, like 4x1x1", parse=rank_grid, unset="a slab of all spatial ranks"
+    )
+    data_parallel: int = option(
+        1,
+        "ranks along a data-parallel mesh dim, each taking a share of every batch (--nproc / D spatial ranks)",
+        parse=positive_int,
+        check=at_least(1),
+        metavar="D",
+    )
+    reduction: tuple[int, ...] | str | None = option(
+        None,
+        "reduce drift's spectra over the spatial ranks in steps, like 8x4 (8 nodes of 4 ranks on a slab): one "
+        "reduce-scatter per entry, the last first; on a grid, consecutive entries split each split dim; "
+        "'hosts': within each host, then across (torchrun's hosts)",
+        parse=_reduction,
+        unset="one step over every spatial rank",
+    )
+    overlap: int = option(
+        1,
+        "run drift's spectrum collectives in this many pieces, each overlapping the next piece's transform",
+        parse=positive_int,
+        check=at_least(1),
+        metavar="PIECES",
+    )
+    method: str = option(
+        "drift",
+        "spectral convolution (auto: the one drift's cost model predicts fastest for the grid and ranks)",
+        choices=METHOD_CHOICES,
+    )
+    model: str = option(
+        "neuralop",
+        "neuralop: neuraloperator 2.0's FNO options (grid embedding, channel MLP, soft-gating skip, lifting and "
+        "projection ratios 2); plain: Li et al.'s FNO",
+        choices=MODELS,
+    )
+    width: int = option(20, "channels inside the FNO", parse=positive_int, check=at_least(1))
+    modes: tuple[int, int, int, int] = option(
+        (3, 3, 3, 4), "modes per dim (x,y,z,t), Li et al.'s k: one count for all four, or four", parse=fourier_modes
+    )
+    factorization: str | None = option(
+        None,
+        "hold the spectral weights as Tucker or CP factors (neuraloperator's TFNO)",
+        choices=FACTORIZATIONS,
+        unset="dense",
+    )
+    rank: float = option(
+        1.0,
+        "with --factorization: the factors' share of the dense spectral parameters, like 0.05",
+        parse=positive_float,
+        check=positive,
+    )
+    layers: int = option(4, "Fourier blocks", parse=positive_int, check=at_least(1))
+    epochs: int = option(4, "passes over the training trajectories", parse=positive_int, check=at_least(1))
+    lr: float = option(3e-3, "(peak) learning rate", parse=positive_float, check=positive)
+    weight_decay: float = option(1e-4, "AdamW's decoupled weight decay (0: Adam)", parse=float, check=non_negative)
+    schedule: str = option(
+        "cosine",
+        "learning rate over the run's steps: cosine-annealed from --lr to 0 over --epochs, or constant",
+        choices=SCHEDULES,
+    )
+    loss: str = option(
+        "frame-weighted",
+        "frame-weighted: each field and predicted frame weighted by the inverse of its variance over the "
+        "training trajectories, so that late frames, whose fluctuations have decayed, count as much as early "
+        "ones; mse: the MSE of the normalised fields",
+        choices=LOSSES,
+    )
+    batch_size: int = option(
+        2, "trajectories a step, shared among the data-parallel ranks", parse=positive_int, check=at_least(1)
+    )
+    seed: int = option(0, "weights and shuffling", parse=int)
+    device: str = option("cpu", "cpu (Gloo) or cuda (NCCL, one GPU a rank)", choices=DEVICES)
+    out: str = option("runs/train", "run folder: metrics, checkpoints, plots")
+    nproc: int = option(
+        1, "local ranks to start (under torchrun: torchrun's ranks)", parse=positive_int, check=at_least(1)
+    )
+    resume: bool = option(
+        False,
+        "continue the run in --out from its latest checkpoint; --resume auto: continue when --out holds a "
+        "checkpoint of this run, else start fresh (a requeued SLURM job, SLURM_RESTART_COUNT > 0, does so "
+        "without it)",
+        parse=auto_only,
+        metavar="auto",
+        alone=True,
+    )
+    checkpoint_every: float | None = option(
+        None,
+        "also write a checkpoint at the first step boundary after every MINUTES (bounds the work a kill "
+        "without warning loses)",
+        parse=positive_float,
+        check=positive,
+        metavar="MINUTES",
+    )
+    collective_timeout: float | None = option(
+        None,
+        "give up on a peer after SECONDS in every phase",
+        parse=positive_float,
+        check=positive,
+        metavar="SECONDS",
+        unset="per phase, from its measured time: max(60 s, 20x the slowest step), see docs/CLUSTERS.md",
+    )
+    max_restarts: int = option(
+        0,
+        "after a rank fails (a death or a bug, not a refused option), start the ranks again up to N times; a "
+        "restarted job resumes from the latest complete checkpoint (under torchrun: torchrun's --max-restarts)",
+        parse=count,
+        check=at_least(0),
+        metavar="N",
+    )
+    t_in: int = option(5, "input frames", parse=positive_int, check=at_least(1))
+    t_out: int = option(16, "predicted frames", parse=positive_int, check=at_least(1))
+    split: str = option(
+        "last",
+        "the test trajectories: last: the last 10% (rounded, at least one); pdebench: PDEBench's first "
+        "int(10%), as its loaders take them; recorded in the run, used again by --resume and drift evaluate",
+        choices=SPLITS,
+    )
+    progress: bool | None = option(
+        None,
+        "progress bars on stderr: --progress draws them into a log too, --no-progress never (the line per "
+        "epoch and the final metrics are printed either way)",
+        switch=True,
+        unset="on a terminal",
+    )
+    quiet: bool = option(
+        False,
+        "print no progress: no bars, no line per epoch, no final metrics (errors and the closing line remain)",
+        switch=True,
+    )
+    prefetch: bool = option(
+        True,
+        "read each batch inside its step instead of during the previous one (the same results; at most one "
+        "batch of this rank's blocks is read ahead otherwise)",
+        switch=True,
+    )
+    plots: bool = option(
+        True, "no loss.png and slice.png at the end (matplotlib takes a few seconds for them)", switch=True
+    )
+    on_nan: str = option(
+        "stop",
+        "on a non-finite loss or gradient norm: stop the run, or skip that batch, counted in metrics.jsonl as "
+        "skipped_batches",
+        choices=ON_NAN,
+    )
 
 
 def config_from(options: dict, **changes) -> TrainConfig:
@@ -96,9 +236,10 @@ def default_data_path(**changes: int) -> Path:
     return cache / f"cfd3d_n{d['resolution']}_b{d['samples']}_f{d['frames']}_seed{d['seed']}.hdf5"
 
 
-def ensure_default_data(progress: bool = True, device: torch.device | str = "cpu", **changes: int) -> Path:
+def ensure_default_data(progress: bool | None = None, device: torch.device | str = "cpu", **changes: int) -> Path:
     """The default data set (with ``changes`` to ``DEFAULT_DATA``: ``resolution``, ``samples``, ...),
-    generated first if absent (its solver on ``device``; written under a temporary name, then renamed)."""
+    generated first if absent (its solver on ``device``, its bar as ``generate``'s ``progress`` says;
+    written under a temporary name, then renamed)."""
     path = default_data_path(**changes)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

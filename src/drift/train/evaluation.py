@@ -66,7 +66,7 @@ def write_test_metrics(out: Path, split: str, epoch: int, test_l2: float, pdeben
     record = dict(epoch=epoch, split=split, test_rel_l2=test_l2, pdebench=pdebench)
     (out / TEST_METRICS).write_text(json.dumps(record, indent=2) + "\n")
     if show:
-        print(f"PDEBench metrics ({split} split): {format_pdebench(pdebench)}")
+        print(f"PDEBench metrics ({split} split): {format_pdebench(pdebench)}", flush=True)
 
 
 def format_pdebench(metrics: dict) -> str:

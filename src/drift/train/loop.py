@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -18,13 +19,14 @@ from tqdm import tqdm
 
 from drift import comm
 from drift.checkpoint import save_checkpoint
-from drift.cluster import Cluster, PeersLost, describe
 from drift.data import Prefetch
-from drift.launch import process_group, rank_device
+from drift.jobs.cluster import Cluster, PeersLost, describe
+from drift.jobs.console import bars_shown
+from drift.jobs.launch import process_group, rank_device
+from drift.jobs.stopping import STOPPED, Stopped, StopSignals
+from drift.jobs.timeouts import PhaseTimeouts
 from drift.layout import local_block
 from drift.metrics import PDEBenchMetrics
-from drift.stopping import STOPPED, Stopped, StopSignals
-from drift.timeouts import PhaseTimeouts
 from drift.train.checks import check_config
 from drift.train.config import TrainConfig, default_data_path, ensure_default_data
 from drift.train.epoch import EpochSums, PhaseClock, step_flags
@@ -52,7 +54,7 @@ def train(config: TrainConfig, stop: StopSignals | None = None) -> list[dict]:
     Across hosts: ClusterError when the hosts run other drift or torch versions or do not share
     ``config.out``; each phase's collectives time out after a bound that fits it (``PhaseTimeouts``), and
     a peer that stops answering ends every rank with ``PeersLost`` naming its node and address. SIGTERM or
-    SIGUSR1 (``drift.stopping``) stops every rank at the next step boundary with a mid-epoch checkpoint:
+    SIGUSR1 (``drift.jobs.stopping``) stops every rank at the next step boundary with a mid-epoch checkpoint:
     ``Stopped``; ``stop``: signals already being caught (by default from here on)."""
     cluster = Cluster.join() if comm.world_size() > 1 else None
     timeouts = PhaseTimeouts(config.collective_timeout)
@@ -86,7 +88,7 @@ def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> l
         range(run.start, config.epochs),
         desc=f"{config.method} P={comm.world_size()}",
         unit="epoch",
-        disable=run.rank != 0 or not config.progress,
+        disable=run.rank != 0 or config.quiet or not bars_shown(config.progress),
         initial=run.start,
         total=config.epochs,
     )
@@ -101,7 +103,7 @@ def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> l
             final, test_l2 = _epoch(run, bar, epoch, schedule[epoch], batches)
     bar.close()
     if final is not None:
-        write_test_metrics(run.out, config.split, run.history[-1]["epoch"], test_l2, final.compute(), config.progress)
+        write_test_metrics(run.out, config.split, run.history[-1]["epoch"], test_l2, final.compute(), not config.quiet)
     if run.history and config.plots:
         save_plots(run.out, run.history, run.model, run.test_set, run.sharding, run.device, config.method)
     return run.history
@@ -227,16 +229,18 @@ def _end_epoch(
 
 
 def _report(run: Run, bar: tqdm, row: dict) -> None:
-    """Rank 0: an epoch's metrics row in ``metrics.jsonl``, on the progress bar and (``--progress``) a line."""
+    """Rank 0: an epoch's metrics row in ``metrics.jsonl``, on the progress bar and (unless ``--quiet``) a
+    line on stdout, flushed at once for a log that a killed job leaves."""
     with open(run.out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
     train_loss, test_l2, seconds = row["train_loss"], row["test_rel_l2"], row["seconds"]
     bar.set_postfix(loss=f"{train_loss:.4g}", test_l2=f"{test_l2:.4f}", s_per_epoch=f"{seconds:.1f}")
-    if run.config.progress:
+    if not run.config.quiet:
         bar.write(
             f"epoch {row['epoch']:3d}/{run.config.epochs}  loss {train_loss:.5f}  "
             f"test rel L2 {test_l2:.4f}  {seconds:5.1f} s"
         )
+        sys.stdout.flush()
 
 
 def _stopped(out: Path, received: str | None, path: Path, epoch: int, step: int | None) -> Stopped:
@@ -252,14 +256,14 @@ def _stopped(out: Path, received: str | None, path: Path, epoch: int, step: int 
 
 
 def train_rank(config: TrainConfig) -> list[dict] | Stopped:
-    """One rank of ``drift train`` (an entry point for ``drift.launch.run_ranks`` or torchrun): join the
+    """One rank of ``drift train`` (an entry point for ``drift.jobs.launch.run_ranks`` or torchrun): join the
     process group, make sure the data exist (rank 0 generates the default set), check, train. Returns
     the history, or the ``Stopped`` a signal ended the run with."""
     # From the start: a scheduler's warning while the group forms or the data load still stops the run.
     with StopSignals() as stop, process_group(config.device):
         if config.data is None:
             if comm.rank() == 0:
-                ensure_default_data(config.progress, rank_device())
+                ensure_default_data(False if config.quiet else config.progress, rank_device())
             comm.barrier()
             config = dataclasses.replace(config, data=str(default_data_path()))
         check_config(config, comm.world_size())

@@ -10,7 +10,7 @@ import torch
 from drift import optim
 from drift._moved import moved_names
 from drift.data import FIELDS
-from drift.launch import GROUP_TIMEOUT_S
+from drift.jobs.launch import GROUP_TIMEOUT_S
 from drift.layout import reduction_mesh
 from drift.nn import FNO, NEURALOP_DEFAULTS, parallelize, resolve_methods
 from drift.train.checks import reduction_shape

@@ -16,9 +16,9 @@ from drift import comm
 from drift._plan import resolve_device
 from drift.checkpoint import load_newest, mark_fresh
 from drift.data import FIELDS, PDEBench3D, PDEBenchFiles
+from drift.jobs.stopping import STOPPED, StopSignals
+from drift.jobs.timeouts import PhaseTimeouts
 from drift.nn import FNO
-from drift.stopping import STOPPED, StopSignals
-from drift.timeouts import PhaseTimeouts
 from drift.train.config import META_KEYS, TrainConfig, default_data_path
 from drift.train.epoch import EpochSums
 from drift.train.model import build_model, make_optimizer
@@ -102,7 +102,7 @@ def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> R
     files = PDEBenchFiles(data)
     sharding = Sharding.build(config, comm.world_size(), device.type)
     model = build_model(config, device, sharding, (*files.grid, config.t_out))
-    if rank == 0 and config.progress and model.blocks[0].spectral.choice is not None:
+    if rank == 0 and not config.quiet and model.blocks[0].spectral.choice is not None:
         print(f"drift train: method {model.blocks[0].spectral.choice}", flush=True)
     optimizer = make_optimizer(config, model)
     history, saved = [], None

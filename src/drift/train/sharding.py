@@ -17,7 +17,7 @@ from drift import comm
 from drift.data import PDEBench3D, PDEBenchFiles, Prefetch, Stats, model_input, model_target
 from drift.data.dataset import frames_tensor
 from drift.data.files import Data
-from drift.launch import GROUP_TIMEOUT_S
+from drift.jobs.launch import GROUP_TIMEOUT_S
 from drift.layout import chunk_slice, device_mesh, to_dtensor
 from drift.train.checks import check_split, spatial_grid
 from drift.train.config import ConfigError, TrainConfig

@@ -10,7 +10,7 @@ own bound and sets it on every group drift uses (``drift.comm.set_timeout``) as 
 - a fixed ``override_s`` for every phase instead (``drift train --collective-timeout SECONDS``).
 
 Start-up (generating the default data, the statistics pass) keeps the group's own timeout
-(``drift.launch.GROUP_TIMEOUT_S``).
+(``drift.jobs.launch.GROUP_TIMEOUT_S``).
 """
 
 from __future__ import annotations

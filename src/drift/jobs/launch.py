@@ -301,7 +301,7 @@ class RankPool:
     @contextlib.contextmanager
     def _forwarding(self, signals: tuple[signal.Signals, ...]) -> Iterator[None]:
         """Inside the block ``signals`` sent to this process go to every live rank instead (a scheduler's
-        SIGTERM reaches the ranks, which stop at a step with a checkpoint: ``drift.stopping``). Only from
+        SIGTERM reaches the ranks, which stop at a step with a checkpoint: ``drift.jobs.stopping``). Only from
         the main thread, where Python runs signal handlers."""
         if threading.current_thread() is not threading.main_thread():
             yield

@@ -30,7 +30,7 @@ import torch
 
 import drift
 from drift import comm
-from drift.launch import ranks_text
+from drift.jobs.launch import ranks_text
 
 PROBE_S = 5.0  # how long a peer's listener has to answer a probe
 _PING = b"?"

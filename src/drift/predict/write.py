@@ -33,8 +33,9 @@ from drift.data import FIELDS, DataError, PDEBenchFiles
 from drift.data.files import Data
 from drift.data.pdebench import COORDINATES
 from drift.data.writer import OutputError, TurnWriter
+from drift.jobs.console import bars_shown
 from drift.layout import Layout
-from drift.predictor import Predictor
+from drift.predict.predictor import Predictor
 from drift.train import ConfigError, TrainConfig, data_grid, load_trained, trained_config
 
 TIMES = "t-coordinate"
@@ -231,7 +232,7 @@ def predict(
     *,
     device="cpu",
     batch_size: int | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     **options,
 ) -> dict:
     """Write ``out``, a PDEBench-layout file of the model's predictions for trajectories of ``data``: see
@@ -243,10 +244,10 @@ def predict(
     spatial dim, as ``drift evaluate``), ``method``, ``grid``, ``data_parallel`` (the spectral method and
     the ranks' layout, as ``drift evaluate``) and ``force`` (replace an existing ``out``).
     ``batch_size``: trajectories a step (default ``data_parallel``: one per data-parallel rank);
-    ``progress``: a progress bar on rank 0's stderr. Errors: ``plan_prediction``'s, DataError for
-    non-finite input frames, OutputError (every rank) when writing fails: no file is then left at
-    ``out`` (an existing one is kept). Returns a dict: the output, its trajectories, t_in, t_out and
-    grid, the checkpoint, its epoch and the ranks."""
+    ``progress``: a progress bar on rank 0's stderr (None: on a terminal, ``drift.jobs.console.bars_shown``).
+    Errors: ``plan_prediction``'s, DataError for non-finite input frames, OutputError (every rank) when
+    writing fails: no file is then left at ``out`` (an existing one is kept). Returns a dict: the output,
+    its trajectories, t_in, t_out and grid, the checkpoint, its epoch and the ranks."""
     from tqdm import tqdm
 
     plan = plan_prediction(checkpoint, data, out, world_size=comm.world_size(), **options)
@@ -266,7 +267,7 @@ def predict(
         replace=plan.force,
     )
     step = batch_size or plan.config.data_parallel
-    bar = tqdm(total=count, desc="predicting", unit="trajectory", disable=not progress or comm.rank() != 0)
+    bar = tqdm(total=count, desc="predicting", unit="trajectory", disable=not bars_shown(progress) or comm.rank() != 0)
     with writer, bar:
         for start in range(0, count, step):
             batch = list(range(start, min(start + step, count)))

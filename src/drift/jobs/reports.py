@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from drift.launch import RankError
+    from drift.jobs.launch import RankError
 
 FAILURE_LOG = "failure.log"  # every failed rank's traceback, in the run folder
 
@@ -93,7 +93,7 @@ def own_failure(out: str, rank: int, attempt: int) -> str:
 def stranded() -> bool:
     """Whether this torchrun rank's host has lost the job's store while torchrun has restarts left: its
     agent would try to rejoin and wait for the store without end (in a ``recv`` that no signal ends)."""
-    from drift.cluster import store_answers
+    from drift.jobs.cluster import store_answers
 
     restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
     return restarts > int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) and not store_answers()
