@@ -20,6 +20,7 @@ SHOWN = [
     drift.nn.FNO,
     drift.nn.parallelize,
     drift.data.PDEBench3D,
+    drift.load_exported,
 ]
 
 
