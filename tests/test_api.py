@@ -4,6 +4,8 @@ with a DeprecationWarning."""
 
 import importlib
 import importlib.metadata
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -66,3 +68,19 @@ def test_docs_list_every_move():
     rows = list(_moved.MODULES.items()) + [(f"{m}.{n}", f"{new}.{n}") for (m, n), new in _moved.NAMES.items()]
     missing = [f"| `{old}` | `{new}` |" for old, new in rows if f"| `{old}` | `{new}` |" not in table]
     assert not missing, "docs/STABILITY.md lacks:\n" + "\n".join(missing)
+
+
+def test_a_former_path_warns_at_the_users_import():
+    """The warning names the line that imports the former path, not drift's or importlib's."""
+    code = "import drift.overlap\nfrom drift.nn.auto import Machine\n"
+    done = subprocess.run(
+        [sys.executable, "-W", "default::DeprecationWarning", "-c", code], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "DeprecationWarning" in line]
+    assert lines == [
+        "<string>:1: DeprecationWarning: drift.overlap moved to drift.truncated._overlap; "
+        "drift.overlap goes in drift 0.3.0",
+        "<string>:2: DeprecationWarning: drift.nn.auto.Machine moved to drift.cost.Machine; "
+        "drift.nn.auto.Machine goes in drift 0.3.0",
+    ], done.stderr

@@ -71,8 +71,8 @@ class _FormerPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self) if fullname in MODULES else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        # Past the import machinery's frames to the import statement (close enough where it is not).
-        _warn(spec.name, MODULES[spec.name], stacklevel=6)
+        # At the import statement: warnings skips the import machinery's frames.
+        _warn(spec.name, MODULES[spec.name], stacklevel=2)
         return importlib.import_module(MODULES[spec.name])
 
     def exec_module(self, module: ModuleType) -> None:
