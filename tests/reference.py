@@ -3,6 +3,7 @@ PDEBench's metrics in numpy."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -110,34 +111,48 @@ def unfused_fno(model, x: torch.Tensor) -> torch.Tensor:
     return unfused(hidden, 0, model.project_out.weight, model.project_out.bias, None)
 
 
-def pdebench_reference(pred: np.ndarray, true: np.ndarray, low=4, high=12) -> dict:
-    """PDEBench's ``metric_func`` formulas for 3D data on arrays ``(b, x, y, z, t, c)``, the whole set as
-    one batch, Lx = Ly = Lz = 1; the boundary term per channel as in its 1D and 2D branches."""
-    p, u = np.moveaxis(pred, -1, 1), np.moveaxis(true, -1, 1)  # (b, c, x, y, z, t)
-    nb, nc, nx, ny, nz, nt = p.shape
+def pdebench_reference(pred: np.ndarray, true: np.ndarray, low=4, high=12, lengths=None) -> dict:
+    """PDEBench's ``metric_func`` formulas on arrays ``(b, *spatial, t, c)`` of 1, 2 or 3 spatial dims, in
+    its branch for that many dims, the whole set as one batch; ``lengths``: Lx, Ly, Lz (default 1 each).
+    The 3D boundary term is per channel, as in its 1D and 2D branches. The metrics ``NAMES`` (means over
+    channels and times) and ``per_frame``: RMSE and nRMSE per time, means over channels."""
+    p, u = np.moveaxis(pred, -1, 1), np.moveaxis(true, -1, 1)  # (b, c, *spatial, t)
+    nb, nc, *shape, nt = p.shape
+    d, n = len(shape), math.prod(shape)
+    lengths = (1.0,) * d if lengths is None else lengths
     flat_p, flat_u = p.reshape(nb, nc, -1, nt), u.reshape(nb, nc, -1, nt)
     rms = np.sqrt(np.mean((flat_p - flat_u) ** 2, axis=2))
     per_ct = {
         "rmse": rms.mean(0),
         "nrmse": (rms / np.sqrt(np.mean(flat_u**2, axis=2))).mean(0),
-        "crmse": np.sqrt(np.mean((flat_p.sum(2) - flat_u.sum(2)) ** 2, axis=0)) / (nx * ny * nz),
+        "crmse": np.sqrt(np.mean((flat_p.sum(2) - flat_u.sum(2)) ** 2, axis=0)) / n,
         "max_error": np.abs(flat_p - flat_u).max(2).max(0),
     }
     e = p - u
-    bd = sum((np.take(e, i, axis=a) ** 2).reshape(nb, nc, -1, nt).sum(2) for a in (2, 3, 4) for i in (0, -1)) / (
-        2 * nx * ny + 2 * ny * nz + 2 * nz * nx
+    boundary = sum(
+        (np.take(e, i, axis=a) ** 2).reshape(nb, nc, -1, nt).sum(2) for a in range(2, 2 + d) for i in (0, -1)
     )
-    per_ct["brmse"] = np.sqrt(bd).mean(0)
-    power = np.abs(np.fft.fftn(p, axes=(2, 3, 4)) - np.fft.fftn(u, axes=(2, 3, 4))) ** 2
-    bins = min(nx // 2, ny // 2, nz // 2)
-    binned = np.zeros((nb, nc, bins, nt))
-    for i in range(nx // 2):
-        for j in range(ny // 2):
-            for k in range(nz // 2):
-                r = math.floor(math.sqrt(i**2 + j**2 + k**2))
-                if r <= bins - 1:
-                    binned[:, :, r] += power[:, :, i, j, k]
-    per_bin = np.sqrt(binned.mean(0)) / (nx * ny * nz)  # (c, bins, t)
+    if d == 1:
+        boundary_points = 2
+    elif d == 2:
+        boundary_points = 2 * shape[0] + 2 * shape[1]
+    else:
+        nx, ny, nz = shape
+        boundary_points = 2 * nx * ny + 2 * ny * nz + 2 * nz * nx
+    per_ct["brmse"] = np.sqrt(boundary / boundary_points).mean(0)
+    if d == 1:  # the whole rfft half spectrum, one bin per frequency
+        per_bin = np.sqrt(np.mean(np.abs(np.fft.rfft(p, axis=2) - np.fft.rfft(u, axis=2)) ** 2, axis=0)) / n
+    else:
+        axes = tuple(range(2, 2 + d))
+        power = np.abs(np.fft.fftn(p, axes=axes) - np.fft.fftn(u, axes=axes)) ** 2
+        bins = min(m // 2 for m in shape)
+        binned = np.zeros((nb, nc, bins, nt))
+        for index in itertools.product(*(range(m // 2) for m in shape)):
+            r = math.floor(math.sqrt(sum(i**2 for i in index)))
+            if r <= bins - 1:
+                binned[:, :, r] += power[(slice(None), slice(None), *index)]
+        per_bin = np.sqrt(binned.mean(0)) / n  # (c, bins, t)
+    per_bin = per_bin * math.prod(lengths)
     for name, band in (
         ("frmse_low", slice(0, low)),
         ("frmse_mid", slice(low, high)),
@@ -145,4 +160,6 @@ def pdebench_reference(pred: np.ndarray, true: np.ndarray, low=4, high=12) -> di
     ):
         chosen = per_bin[:, band]
         per_ct[name] = chosen.mean(1) if chosen.shape[1] else None
-    return {name: None if v is None else float(v.mean()) for name, v in per_ct.items()}
+    result = {name: None if v is None else float(v.mean()) for name, v in per_ct.items()}
+    result["per_frame"] = {name: per_ct[name].mean(0).tolist() for name in ("rmse", "nrmse")}
+    return result
