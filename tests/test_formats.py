@@ -345,14 +345,6 @@ def test_bad_pdebench_files_are_refused_naming_the_key(tmp_path):
     with pytest.raises(DataError, match=r"mismatched.hdf5: dataset 'pressure' has shape \(4, 6, 5, 4\), 'density' has"):
         DataFiles(path)
 
-    def times(f):
-        del f["t-coordinate"]
-        f.create_dataset("t-coordinate", data=np.zeros(3))
-
-    path = _edit(_synthetic(tmp_path, "scalar", "times", dims=1, resolution=5), times)
-    with pytest.raises(DataError, match=r"times.hdf5: 't-coordinate' has shape \(3,\), expected \(6,\) or \(7,\)"):
-        DataFiles(path)
-
     def ragged(f):
         del f["0001/data"]
         f["0001"].create_dataset("data", data=np.zeros((6, 4, 5, 2), np.float32))

@@ -162,13 +162,6 @@ def extent(coordinates: np.ndarray) -> float:
     return float((c[-1] - c[0]) / (c.size - 1) * c.size)
 
 
-def check_times(f: h5py.Group, path: Path | str, key: str, frames: int) -> None:
-    """A times dataset ``key``, where the file has one, holds ``frames`` or ``frames + 1`` entries (PDEBench
-    writes one after the last frame)."""
-    if key in f and f[key].shape not in ((frames,), (frames + 1,)):
-        raise DataError(f"{path}: {key!r} has shape {f[key].shape}, expected ({frames},) or ({frames + 1},)")
-
-
 def static_block(selection: tuple[slice, ...], out: np.ndarray) -> np.ndarray:
     """The one frame of a static channel's ``out``: the frames slice must select frame 0 of 1."""
     if len(range(1)[selection[0]]) != 1 or out.shape[0] != 1:

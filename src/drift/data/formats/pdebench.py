@@ -24,7 +24,6 @@ from drift.data.formats.base import (
     FileLayout,
     Format,
     check_float,
-    check_times,
     coordinate_lengths,
     dataset,
     hdf5_matches,
@@ -36,7 +35,6 @@ from drift.data.formats.base import (
 from drift.data.pdebench import DataError, open_file
 
 COORDINATES = ("x-coordinate", "y-coordinate", "z-coordinate")
-TIMES = "t-coordinate"
 VELOCITIES = ("Vx", "Vy", "Vz")
 SCALAR = "u"  # the one channel of a ``tensor`` file (PDEBench's papers call the solution u)
 
@@ -71,7 +69,6 @@ class PDEBenchCFD(Format):
                     raise DataError(f"{path}: dataset {key!r} has shape {d.shape}, {self.fields[0]!r} has {shape}")
                 shape = d.shape
             lengths = coordinate_lengths(f, path, COORDINATES[: self.dims], shape[2:])
-            check_times(f, path, TIMES, shape[1])
             dtype = f[self.fields[0]].dtype
         return FileLayout(self, self.fields, self.fields, False, shape[0], shape[1], shape[2:], lengths, dtype)
 
@@ -96,7 +93,6 @@ class PDEBenchScalar(Format):
             dims = spatial_dims(f, "tensor", 2)
             d = dataset(f, path, "tensor", ("batch", "time", *spatial_axes(dims)))
             lengths = coordinate_lengths(f, path, COORDINATES[:dims], d.shape[2:])
-            check_times(f, path, TIMES, d.shape[1])
             return FileLayout(self, (SCALAR,), (SCALAR,), False, d.shape[0], d.shape[1], d.shape[2:], lengths, d.dtype)
 
     def open(self, path: Path) -> h5py.File:
@@ -178,7 +174,6 @@ class PDEBenchGroups(Format):
             if not isinstance(grid, h5py.Group):
                 raise DataError(f"{path}: group {names[0]!r} has no group 'grid' (has {sorted(first.keys())})")
             lengths = coordinate_lengths(grid, f"{path}: {names[0]!r}/grid", spatial_axes(dims), shape[1:-1])
-            check_times(grid, f"{path}: {names[0]!r}/grid", "t", shape[0])
             channels = tuple(f"c{i}" for i in range(shape[-1]))
             dtype = first["data"].dtype
         return FileLayout(self, channels, channels, False, len(names), shape[0], shape[1:-1], lengths, dtype)
