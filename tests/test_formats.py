@@ -165,7 +165,7 @@ def test_per_sample_groups_read_as_fnodatasetmult(tmp_path, dims, grid):
 def _well_reference(folder, frames):
     """Per trajectory of the one file in ``folder``: The Well's ``WellDataset`` time-varying fields ``(frames,
     x.., channels)`` and constant fields ``(x.., channels)``, as it flattens them."""
-    from the_well.data import WellDataset
+    WellDataset = pytest.importorskip("the_well.data").WellDataset
 
     well = WellDataset(
         path=str(folder), n_steps_input=1, n_steps_output=frames - 1, boundary_return_type=None, return_grid=False
@@ -177,7 +177,7 @@ def _well_reference(folder, frames):
 
 
 def test_the_well_reads_as_its_own_reader_on_its_dummy_file(tmp_path):
-    from the_well.utils.dummy_data import write_dummy_data
+    write_dummy_data = pytest.importorskip("the_well.utils.dummy_data").write_dummy_data
 
     folder = tmp_path / "well"
     folder.mkdir()
