@@ -1,27 +1,32 @@
-"""Several PDEBench 3D files read as one data set (``PDEBenchFiles``): their trajectories numbered across
-them in a recorded order, the split rule applied to each file, and reads straight into a caller's buffer
-that fail with one line naming the file, also when the file changes while a run reads it."""
+"""Several data files read as one data set (``DataFiles``; ``PDEBenchFiles`` for PDEBench's 3-D CFD files):
+their trajectories numbered across them in a recorded order, each file's format detected (one for all),
+the split rule applied to each file, and reads straight into a caller's buffer that fail with one line
+naming the file, also when the file changes while a run reads it."""
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import h5py
 import numpy as np
 
-from drift.data.pdebench import FIELDS, DataError, held_out_trajectories, open_file, read_layout
+from drift.data.formats import CFD, FileLayout, Format, detect
+from drift.data.formats.tensors import SUFFIXES as TENSOR_SUFFIXES
+from drift.data.pdebench import FIELDS, DataError, held_out_trajectories
 
-SUFFIXES = (".hdf5", ".h5")  # the files a folder given as data contributes
+HDF5_SUFFIXES = (".hdf5", ".h5")
+SUFFIXES = (*HDF5_SUFFIXES, *TENSOR_SUFFIXES)  # the files a folder given as data contributes
 
 Data = str | Path | Sequence[str | Path]
 
 
-def data_paths(data: Data) -> list[Path]:
-    """The files ``data`` names, in order: a file, a folder (its ``*.hdf5`` and ``*.h5`` files sorted by
+def data_paths(data: Data, suffixes: Sequence[str] = SUFFIXES) -> list[Path]:
+    """The files ``data`` names, in order: a file, a folder (its files with one of ``suffixes``, sorted by
     name), or a sequence of files and folders. DataError naming a path that is missing, a folder without
     such files, or a file named twice."""
     given = [data] if isinstance(data, str | Path) else list(data)
@@ -30,9 +35,9 @@ def data_paths(data: Data) -> list[Path]:
     paths: list[Path] = []
     for entry in map(Path, given):
         if entry.is_dir():
-            found = sorted(p for p in entry.iterdir() if p.suffix in SUFFIXES and p.is_file())
+            found = sorted(p for p in entry.iterdir() if p.suffix in suffixes and p.is_file())
             if not found:
-                raise DataError(f"{entry}: a folder without {' or '.join(f'*{s}' for s in SUFFIXES)} files")
+                raise DataError(f"{entry}: a folder without {' or '.join(f'*{s}' for s in suffixes)} files")
             paths += found
         elif entry.exists():
             paths.append(entry)
@@ -52,10 +57,12 @@ def _stamp(path: Path) -> tuple[int, int, int]:
     return s.st_ino, s.st_size, s.st_mtime_ns
 
 
-class PDEBenchFiles:
-    """PDEBench 3D files read as one data set: trajectory ``g`` is the ``g - offsets[i]``-th of file ``i``,
-    the files taken in the order given (``data_paths``). Every file must hold ``fields`` with the same
-    frames and (x, y, z) grid (DataError naming the first that does not, against the first file).
+class DataFiles:
+    """Data files of one format read as one data set: trajectory ``g`` is the ``g - offsets[i]``-th of file
+    ``i``, the files taken in the order given (``data_paths``). Each file's format is detected
+    (``drift.data.formats.detect``); every file must be of the first's format with its fields, inputs,
+    frames and grid (DataError naming the first that is not, what differs, against the first file).
+    ``fields`` picks the channels read and their order (default: every field of the layout).
 
     Reads go straight into the caller's arrays (``read``). A file is opened on first read, once per
     process (from any thread: h5py serialises its calls); it must stay as it was when this object was made
@@ -63,23 +70,67 @@ class PDEBenchFiles:
     with a DataError naming it rather than return what the changed file now holds.
     """
 
-    def __init__(self, data: Data, fields: Sequence[str] = FIELDS) -> None:
-        self.paths = tuple(data_paths(data))
-        self.fields = tuple(fields)
+    suffixes: tuple[str, ...] = SUFFIXES  # what a folder contributes
+
+    def __init__(self, data: Data, fields: Sequence[str] | None = None) -> None:
+        self.paths = tuple(data_paths(data, self.suffixes))
         self.stamps = tuple(_stamp(p) for p in self.paths)
-        shapes = [read_layout(p, self.fields) for p in self.paths]
-        for path, shape in zip(self.paths[1:], shapes[1:], strict=True):
-            for what, got, want in (("grid", shape[2:], shapes[0][2:]), ("frames", shape[1], shapes[0][1])):
-                if got != want:
-                    raise DataError(
-                        f"{path}: {what} {got} differs from {self.paths[0]}'s {want}; the data files must share "
-                        "the fields, frames and grid"
-                    )
-        self.sizes = tuple(s[0] for s in shapes)  # trajectories per file
+        layouts = [self._describe(p) for p in self.paths]
+        for path, layout in zip(self.paths[1:], layouts[1:], strict=True):
+            _check_alike(path, layout, self.paths[0], layouts[0])
+        self.layout: FileLayout = layouts[0]
+        self.fields = self._select(fields)
+        self.sizes = tuple(layout.trajectories for layout in layouts)  # trajectories per file
         self.offsets = tuple(np.cumsum((0, *self.sizes))[:-1].tolist())
-        self.frames, self.grid = shapes[0][1], tuple(shapes[0][2:])
-        self._handles: dict[int, h5py.File] = {}
+        self.frames, self.grid = self.layout.frames, self.layout.grid
+        self._channels = frozenset(self.layout.channels)
+        self._handles: dict[int, Any] = {}
         self._lock = threading.Lock()
+
+    def _describe(self, path: Path) -> FileLayout:
+        return detect(path).describe(path)
+
+    def _select(self, fields: Sequence[str] | None) -> tuple[str, ...]:
+        if fields is None:
+            return self.layout.fields
+        for name in fields:
+            if name not in self.layout.fields:
+                raise DataError(
+                    f"{self.paths[0]}: no field {name!r} in its {self.layout.format.name} layout "
+                    f"(has {', '.join(self.layout.fields)})"
+                )
+        return tuple(fields)
+
+    @property
+    def format(self) -> Format:
+        return self.layout.format
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """A static problem's input channels; the fields read for a time-dependent one."""
+        return self.layout.inputs if self.static else self.fields
+
+    @property
+    def static(self) -> bool:
+        return self.layout.static
+
+    @property
+    def lengths(self) -> tuple[float, ...]:
+        return self.layout.lengths
+
+    @property
+    def periodic(self) -> tuple[bool, ...]:
+        return self.layout.periodic
+
+    @property
+    def dims(self) -> int:
+        return len(self.grid)
+
+    def describe(self) -> str:
+        """The line a run prints at its start: the layout, the fields read and the shape over every file,
+        e.g. "PDEBench 2-D CFD: density, pressure, Vx, Vy; 1000 x 21 x 128 x 128 (4 files)"."""
+        whole = dataclasses.replace(self.layout, fields=self.fields, inputs=self.inputs, trajectories=self.trajectories)
+        return whole.text() + (f" ({len(self.paths)} files)" if len(self.paths) > 1 else "")
 
     @property
     def trajectories(self) -> int:
@@ -88,7 +139,7 @@ class PDEBenchFiles:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """``(trajectories, frames, x, y, z)`` over every file, as ``read_layout`` gives one file's."""
+        """``(trajectories, frames, *grid)`` over every file."""
         return (self.trajectories, self.frames, *self.grid)
 
     def locate(self, trajectory: int) -> tuple[int, int]:
@@ -108,15 +159,18 @@ class PDEBenchFiles:
         ]
 
     def read(self, key: str, trajectory: int, selection: tuple, out: np.ndarray) -> None:
-        """Read dataset ``key``'s ``selection`` (time, x, y, z: slices) of ``trajectory`` straight into ``out``
-        (C-contiguous, its shape the selection's; HDF5 converts to its dtype). DataError naming the file
-        when the read fails or the file changed since this object was made."""
+        """Read channel ``key``'s ``selection`` (frames, then each spatial dim: slices, steps >= 1) of
+        ``trajectory`` straight into ``out`` (C-contiguous float32 or float64, its shape the selection's;
+        the read converts to its dtype). A static problem's channels have one frame (``slice(0, 1)``).
+        DataError naming the file when the read fails or the file changed since this object was made."""
+        if key not in self._channels:
+            raise DataError(f"{self.paths[0]}: no channel {key!r} (has {', '.join(self.layout.channels)})")
         i, local = self.locate(trajectory)
         path, failed = self.paths[i], None
         if out.size:
             try:
-                self._handle(i)[key].read_direct(out, (local, *selection))
-            except (OSError, KeyError, ValueError, TypeError) as exc:
+                self.format.read(self._handle(i), key, local, selection, out)
+            except (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError) as exc:
                 failed = exc
         try:
             changed = _stamp(path) != self.stamps[i]
@@ -127,13 +181,15 @@ class PDEBenchFiles:
                 f"{path}: the file changed (truncated, replaced or rewritten) while it was being read; "
                 "start the run again on the file as it is now"
             )
+        if isinstance(failed, DataError):
+            raise failed
         if failed is not None:
-            raise DataError(f"{path}: cannot read dataset {key!r} ({failed})") from None
+            raise DataError(f"{path}: cannot read {key!r} ({failed})") from None
 
-    def _handle(self, i: int) -> h5py.File:
+    def _handle(self, i: int) -> Any:
         with self._lock:
             if i not in self._handles:
-                self._handles[i] = open_file(self.paths[i])
+                self._handles[i] = self.format.open(self.paths[i])
             return self._handles[i]
 
     def record(self) -> list[dict]:
@@ -161,8 +217,34 @@ class PDEBenchFiles:
         return None
 
     def __getstate__(self) -> dict:
-        # Open HDF5 handles and the lock do not travel to loader workers: each opens its own.
+        # Open handles and the lock do not travel to loader workers: each opens its own.
         return {**self.__dict__, "_handles": {}, "_lock": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
+
+
+def _check_alike(path: Path, layout: FileLayout, first: Path, want: FileLayout) -> None:
+    """DataError naming ``path`` when its layout differs from the first file's in what a run shares."""
+    for what in ("format", "fields", "inputs", "grid", "frames"):
+        got, expected = getattr(layout, what), getattr(want, what)
+        if what == "format":
+            got, expected = got.title(layout.dims), expected.title(want.dims)
+        if got != expected:
+            raise DataError(
+                f"{path}: {what} {got} differs from {first}'s {expected}; the data files must share the format, "
+                "fields, frames and grid"
+            )
+
+
+class PDEBenchFiles(DataFiles):
+    """PDEBench 3-D CFD files read as one data set (``DataFiles`` of that format only): ``fields`` default to
+    the five ``FIELDS``; a file of another layout is refused naming what it lacks."""
+
+    suffixes = HDF5_SUFFIXES
+
+    def __init__(self, data: Data, fields: Sequence[str] = FIELDS) -> None:
+        super().__init__(data, fields)
+
+    def _describe(self, path: Path) -> FileLayout:
+        return CFD[3].describe(path)
