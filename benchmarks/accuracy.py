@@ -3,7 +3,7 @@
 Runs ``drift train`` (``--nproc`` ranks, its defaults unless more options follow) and then trains
 neuraloperator's own ``FNO`` with its default options in this one process, on the same problem as the
 drift run recorded it (data file, split, t_in -> t_out, width, modes as neuraloperator's ``n_modes``,
-layers, seed): the same trajectories read by drift's ``PDEBench3D`` loader with the same normalisation,
+layers, seed): the same trajectories read by drift's ``Trajectories`` loader with the same normalisation,
 the same batches in the same order, the same loss (``--loss``: the MSE of the normalised fields, or with
 ``frame-weighted`` each field and frame weighted as ``drift.train.frame_weights``), optimizer, learning-rate
 schedule and number of optimizer steps. Both are scored by drift's test relative L2 and PDEBench's nRMSE
@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from drift.checkpoint import read_meta
-from drift.data import FIELDS, PDEBench3D, read_layout
+from drift.data import FIELDS, Trajectories, read_layout
 from drift.nn import neuralop_n_modes
 from drift.train import (
     META_KEYS,
@@ -80,8 +80,8 @@ def run_neuralop(saved: dict) -> dict:
     config = config_from(saved)
     _, _, *extents = read_layout(config.data)
     options = dict(t_in=config.t_in, t_out=config.t_out, split_rule=config.split)
-    train_set = PDEBench3D(config.data, **options)
-    test_set = PDEBench3D(config.data, split="test", stats=train_set.stats, **options)
+    train_set = Trajectories(config.data, **options)
+    test_set = Trajectories(config.data, split="test", stats=train_set.stats, **options)
     torch.manual_seed(config.seed)
     model = FNO(
         n_modes=neuralop_n_modes((*extents, config.t_out), config.modes),

@@ -7,8 +7,8 @@ random float32 fields) into a temporary folder, which it removes at the end. The
 - reads of one trajectory's 21 frames (t_in 5 + t_out 16) per rank, the median of ``--rounds``: ``raw``,
   h5py slicing of the same bytes from the warm page cache (the floor); ``before``, drift's preparation
   before reading straight into the output (a faithful copy, ``old_item``: a read per field, ``np.stack``,
-  ``astype``, the normalisation in numpy and two ``.contiguous()`` copies); ``after``, ``PDEBench3D[i]``;
-  and (one rank) the main thread's longest pause while another thread runs ``PDEBench3D[i]``: whether
+  ``astype``, the normalisation in numpy and two ``.contiguous()`` copies); ``after``, ``Trajectories[i]``;
+  and (one rank) the main thread's longest pause while another thread runs ``Trajectories[i]``: whether
   h5py lets Python run during its reads;
 - training runs (``drift.train.train``, ``--epochs`` epochs of batches of one trajectory, a plain FNO of
   ``--width`` and ``--layers`` predicting ``--t-out`` frames; every run the same seed and data: their
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from drift import comm
-from drift.data import FIELDS, PDEBench3D, Stats
+from drift.data import FIELDS, Stats, Trajectories
 from drift.data.pdebench import COORDINATES
 from drift.jobs.launch import run_ranks
 from drift.train import TrainConfig, model_input, train
@@ -62,7 +62,7 @@ def write_file(path: Path, trajectories: int, n: int, frames: int) -> None:
 
 
 def old_item(file: h5py.File, t: int, slab: tuple, t_in: int, t_out: int, stats: Stats):
-    """``PDEBench3D[i]`` before it read into its output (drift 0617d1f), for the trajectory ``t`` of ``file``."""
+    """``Trajectories[i]`` before it read into its output (drift 0617d1f), for the trajectory ``t`` of ``file``."""
     frames = slice(0, t_in + t_out)
     data = np.stack([file[key][(t, frames, *slab)] for key in FIELDS]).astype(np.float32)
     mean = np.asarray(stats.mean, dtype=np.float32).reshape(-1, 1, 1, 1, 1)
@@ -103,7 +103,7 @@ def reads(path: str, rounds: int) -> dict:
     """On every rank: the median seconds of ``raw``, ``before`` and ``after`` reads of its block of one
     trajectory, the methods interleaved in each round; rank 0 alone also the main thread's longest pause."""
     mesh, placements = _mesh()
-    ds = PDEBench3D(path, mesh, placements, t_in=T_IN, t_out=T_OUT, split="test", stats=STATS)
+    ds = Trajectories(path, mesh, placements, t_in=T_IN, t_out=T_OUT, split="test", stats=STATS)
     t, slab = ds.trajectories[0], ds.layout.local_slices
     frames = slice(0, T_IN + T_OUT)
     with h5py.File(path, "r") as f:

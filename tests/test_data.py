@@ -1,4 +1,4 @@
-"""PDEBench3D: every rank reads its own torch.chunk block (over spatial and data-parallel mesh dims),
+"""Trajectories: every rank reads its own torch.chunk block (over spatial and data-parallel mesh dims),
 normalised, on generated files; bad files fail clearly."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 
 import drift
-from drift.data import FIELDS, DataError, PDEBench3D, Stats, write_pdebench3d
+from drift.data import FIELDS, DataError, Stats, Trajectories, write_pdebench3d
 
 SHAPE = (5, 7, 12, 10, 9)  # batch, time, x, y, z
 
@@ -39,8 +39,8 @@ def _normalised(arrays, t, frames, region, stats):
 
 def test_reads_normalised_pairs_on_one_rank(data_file):
     arrays = _fields()
-    train = PDEBench3D(data_file, t_in=2, t_out=4)
-    test = PDEBench3D(data_file, t_in=2, t_out=4, split="test", stats=train.stats)
+    train = Trajectories(data_file, t_in=2, t_out=4)
+    test = Trajectories(data_file, t_in=2, t_out=4, split="test", stats=train.stats)
     assert len(train) == 4 and len(test) == 1 and train.global_shape == (12, 10, 9)
     frames = np.stack([arrays[k][:4, :6] for k in FIELDS]).reshape(len(FIELDS), -1)
     assert np.allclose(train.stats.mean, frames.mean(1), rtol=1e-6)
@@ -56,7 +56,7 @@ def test_reads_normalised_pairs_on_one_rank(data_file):
 
 def test_region_and_stride_select_the_grid(data_file):
     arrays = _fields()
-    ds = PDEBench3D(data_file, t_in=3, t_out=2, region=[(2, 11), (1, 10), (0, 9)], stride=(2, 3, 1))
+    ds = Trajectories(data_file, t_in=3, t_out=2, region=[(2, 11), (1, 10), (0, 9)], stride=(2, 3, 1))
     assert ds.global_shape == (5, 3, 9)
     x, y = ds[1]
     want = _normalised(arrays, 1, 5, (slice(2, 11, 2), slice(1, 10, 3), slice(0, 9)), ds.stats)
@@ -88,10 +88,10 @@ def _mesh(spec):
 
 def _rank_reads(path, spec, region, stride):
     mesh, placements = _mesh(spec)
-    ds = PDEBench3D(path, mesh, placements, t_in=2, t_out=3, region=region, stride=stride)
+    ds = Trajectories(path, mesh, placements, t_in=2, t_out=3, region=region, stride=stride)
     slices = _block(ds.global_shape, tuple(mesh.shape), placements, dist.get_rank())
     with drift.comm_log() as log:
-        again = PDEBench3D(path, mesh, placements, t_in=2, t_out=3, region=region, stride=stride)
+        again = Trajectories(path, mesh, placements, t_in=2, t_out=3, region=region, stride=stride)
     assert log.kinds() == ["all_reduce"] and again.stats == ds.stats
     items = [tuple(t.numpy() for t in ds[i]) for i in range(len(ds))]
     return ds.stats, slices, items
@@ -113,7 +113,7 @@ def test_every_rank_reads_its_block(ranks, data_file, spec, region, stride):
     size = math.prod(spec) if isinstance(spec[0], int) else math.prod(spec[0])
     results = ranks.run(size, _rank_reads, data_file, spec, region, stride)
     stats = results[0][0]
-    single = PDEBench3D(data_file, t_in=2, t_out=3, region=region, stride=stride)
+    single = Trajectories(data_file, t_in=2, t_out=3, region=region, stride=stride)
     assert np.allclose(stats.mean, single.stats.mean, rtol=1e-9) and np.allclose(stats.std, single.stats.std, rtol=1e-9)
     for rank_stats, slices, items in results:
         assert rank_stats == stats
@@ -135,14 +135,14 @@ def test_big_endian_fields_read_as_native(tmp_path):
             del f[key]
             f.create_dataset(key, data=values.astype(">f4"))
         assert f["density"].dtype == np.dtype(">f4")
-    want, got = PDEBench3D(native, t_in=2, t_out=4), PDEBench3D(swapped, t_in=2, t_out=4)
+    want, got = Trajectories(native, t_in=2, t_out=4), Trajectories(swapped, t_in=2, t_out=4)
     assert got.stats == want.stats
     # Exact: the same values, swapped to native order on reading, then the same arithmetic in this process.
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1], strict=True))
 
 
 def test_stats_roundtrip(tmp_path, data_file):
-    stats = PDEBench3D(data_file, t_in=2, t_out=4).stats
+    stats = Trajectories(data_file, t_in=2, t_out=4).stats
     stats.save(tmp_path / "stats.json")
     assert Stats.load(tmp_path / "stats.json") == stats
 
@@ -151,14 +151,14 @@ def test_bad_files_name_the_file_and_key(tmp_path):
     text = tmp_path / "notes.hdf5"
     text.write_text("not hdf5")
     with pytest.raises(DataError, match=r"notes.hdf5: not a readable HDF5 file"):
-        PDEBench3D(text)
+        Trajectories(text)
 
     good = tmp_path / "good.hdf5"
     write_pdebench3d(good, _fields())
     truncated = tmp_path / "truncated.hdf5"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(DataError, match=r"truncated.hdf5"):
-        ds = PDEBench3D(truncated, t_in=2, t_out=4)
+        ds = Trajectories(truncated, t_in=2, t_out=4)
         ds[0]
 
     missing = tmp_path / "missing.hdf5"
@@ -166,7 +166,7 @@ def test_bad_files_name_the_file_and_key(tmp_path):
     del arrays["Vz"]
     write_pdebench3d(missing, arrays)
     with pytest.raises(DataError, match=r"missing.hdf5: missing dataset 'Vz'"):
-        PDEBench3D(missing)
+        Trajectories(missing)
 
     wrong = tmp_path / "wrong.hdf5"
     write_pdebench3d(wrong, _fields())
@@ -174,7 +174,7 @@ def test_bad_files_name_the_file_and_key(tmp_path):
         del f["pressure"]
         f.create_dataset("pressure", data=np.zeros((5, 7, 12, 10), dtype=np.float32))
     with pytest.raises(DataError, match=r"wrong.hdf5: dataset 'pressure' has shape \(5, 7, 12, 10\)"):
-        PDEBench3D(wrong)
+        Trajectories(wrong)
 
     group = tmp_path / "group.hdf5"
     write_pdebench3d(group, _fields())
@@ -182,14 +182,14 @@ def test_bad_files_name_the_file_and_key(tmp_path):
         del f["Vx"]
         f.create_group("Vx")
     with pytest.raises(DataError, match=r"group.hdf5: 'Vx' is an HDF5 group, not a dataset"):
-        PDEBench3D(group)
+        Trajectories(group)
 
     with pytest.raises(DataError, match=r"good.hdf5: 'density' has 7 frames, fewer than t_in \+ t_out = 21"):
-        PDEBench3D(good)
+        Trajectories(good)
     with pytest.raises(ValueError, match="does not fit extent 12 of dim 0"):
-        PDEBench3D(good, t_in=2, t_out=4, region=[(0, 13), (0, 10), (0, 9)])
+        Trajectories(good, t_in=2, t_out=4, region=[(0, 13), (0, 10), (0, 9)])
     with pytest.raises(ValueError, match="has 2 ranks but the process group has 1"):
-        PDEBench3D(good, *drift.grid_mesh((2, 1, 1)), t_in=2, t_out=4)
+        Trajectories(good, *drift.grid_mesh((2, 1, 1)), t_in=2, t_out=4)
 
 
 def _independent(path, t, frames, stats):
@@ -213,7 +213,7 @@ def test_items_equal_an_independent_read_bit_for_bit_and_stay_valid(tmp_path, dt
             values = f[key][...]
             del f[key]
             f.create_dataset(key, data=values.astype(dtype))
-    ds = PDEBench3D(path, t_in=2, t_out=4)
+    ds = Trajectories(path, t_in=2, t_out=4)
     first = ds[0]
     kept = [t.clone() for t in first]
     for i, t in enumerate(ds.trajectories):
@@ -238,7 +238,7 @@ def test_a_file_changed_under_a_reader_fails_naming_it(tmp_path, how):
     the next read fails naming it instead of returning zeros or the other file's values."""
     path = tmp_path / "cfd.hdf5"
     write_pdebench3d(path, _fields())
-    ds = PDEBench3D(path, t_in=2, t_out=4)
+    ds = Trajectories(path, t_in=2, t_out=4)
     ds[0]
     if how == "truncated":
         with open(path, "r+b") as f:

@@ -28,7 +28,7 @@ def test_docs_build_without_warnings_and_name_the_api(tmp_path):
         "drift.nn.SpectralConv",
         "drift.cost.Machine",
         "drift.checkpoint_reader.CheckpointReader",
-        "drift.data.PDEBench3D",
+        "drift.data.Trajectories",
     ):
         assert f'id="{name}"' in api, f"the API page does not document {name}"
     # The reference opens with the transforms, layouts, parallelize and the models; instrumentation after.

@@ -19,7 +19,7 @@ SHOWN = [
     drift.nn.SpectralConv,
     drift.nn.FNO,
     drift.nn.parallelize,
-    drift.data.PDEBench3D,
+    drift.data.Trajectories,
     drift.load_exported,
 ]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from harness import device_for
 
-from drift.data import PDEBench3D, generate, navier_stokes
+from drift.data import Trajectories, generate, navier_stokes
 from drift.data.navier_stokes import conserved, primitives, random_initial_state, simulate, step
 
 
@@ -100,7 +100,7 @@ def test_generated_files_read_as_pdebench(tmp_path):
         # Frame k was simulated at k * t_end / (frames - 1); PDEBench adds one step after the last.
         assert f["t-coordinate"][:].tolist() == pytest.approx([0.0, 0.2 / 3, 0.4 / 3, 0.2, 0.8 / 3], rel=1e-6)
         assert f.attrs["M"] == 1.0 and math.isclose(f.attrs["gamma"], 5 / 3)
-    train = PDEBench3D(path, t_in=1, t_out=3)
+    train = Trajectories(path, t_in=1, t_out=3)
     x, y = train[0]
     assert x.shape == (5, 1, 8, 8, 8) and y.shape == (5, 3, 8, 8, 8) and bool(torch.isfinite(y).all())
 

@@ -17,7 +17,7 @@ from reference import pdebench_reference
 
 from drift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, read_meta
 from drift.cli import main
-from drift.data import FIELDS, PDEBench3D, Stats, held_out_trajectories, write_pdebench3d
+from drift.data import FIELDS, Stats, Trajectories, held_out_trajectories, write_pdebench3d
 from drift.metrics import NAMES
 from drift.train import TEST_METRICS, TrainConfig, build_model, evaluate, model_input, resume_point, train
 
@@ -55,8 +55,8 @@ def test_split_rules(n):
 
 
 def test_pdebench3d_reads_pdebench_split(data):
-    train_set = PDEBench3D(data, t_in=T_IN, t_out=T_OUT, split_rule="pdebench")
-    test_set = PDEBench3D(data, t_in=T_IN, t_out=T_OUT, split="test", split_rule="pdebench", stats=train_set.stats)
+    train_set = Trajectories(data, t_in=T_IN, t_out=T_OUT, split_rule="pdebench")
+    test_set = Trajectories(data, t_in=T_IN, t_out=T_OUT, split="test", split_rule="pdebench", stats=train_set.stats)
     assert test_set.trajectories == [0] and train_set.trajectories == list(range(1, TRAJECTORIES))
     with h5py.File(data) as f:
         raw = np.stack([f[k][1:TRAJECTORIES, : T_IN + T_OUT] for k in FIELDS], 1).astype(np.float64)
@@ -133,7 +133,7 @@ def test_pdebench_split_is_recorded_used_again_and_measured(ranks, data, tmp_pat
     assert main(["evaluate", str(run), "--json", str(report)]) == 0
     out = capsys.readouterr().out
     assert "pdebench split" in out and "PDEBench metrics" in out and "nRMSE" in out
-    assert set(json.loads(report.read_text())["pdebench"]) == {*NAMES, "per_field"}
+    assert set(json.loads(report.read_text())["pdebench"]) == {*NAMES, "per_field", "per_frame"}
 
 
 def test_checkpoints_before_the_option_used_the_last_split(ranks, data, tmp_path):

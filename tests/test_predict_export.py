@@ -20,7 +20,7 @@ from runs import DEVICE, TINY, fails_with_one_line, tiny_data, train_config
 
 from drift.checkpoint import latest_checkpoint, load_checkpoint, read_meta
 from drift.cli import main
-from drift.data import FIELDS, PDEBench3D, Stats, write_pdebench3d
+from drift.data import FIELDS, Stats, Trajectories, write_pdebench3d
 from drift.predict import ATTRIBUTE, predict
 from drift.train import build_model
 
@@ -110,7 +110,7 @@ def test_predicted_on_four_ranks_equals_one_rank_and_the_model(ranks, run, data,
         assert record["trajectories"] == [0, 1, 2, 3] and (record["t_in"], record["t_out"]) == (T_IN, T_OUT)
     # drift's reader takes it: the input frames normalised, the targets the predicted frames.
     stats = _stats(run)
-    dataset = PDEBench3D(one, t_in=T_IN, t_out=T_OUT, split="test", stats=stats)
+    dataset = Trajectories(one, t_in=T_IN, t_out=T_OUT, split="test", stats=stats)
     x, y = dataset[0]
     mean, std = (np.asarray(v, np.float32).reshape(-1, 1, 1, 1, 1) for v in (stats.mean, stats.std))
     assert np.array_equal(x.numpy(), (source[3, :, :T_IN] - mean) / std)  # exact: correctly rounded - and /

@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from drift import comm
 from drift.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
 from drift.cli import main
-from drift.data import PDEBench3D, Stats, generate
+from drift.data import Stats, Trajectories, generate
 from drift.jobs.launch import RankError
 from drift.train import (
     LEGACY_OPTIONS,
@@ -97,7 +97,7 @@ def test_two_ranks_train_like_one(ranks, data, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "p2" / "metrics.jsonl").read_text().splitlines()]
     assert _losses(rows) == _losses(two[0])  # exact: JSON keeps a float's every bit
     # The normalisation the run saved is the training set's, as one process reads it from the file.
-    saved, stats = Stats.load(tmp_path / "p2" / "stats.json"), PDEBench3D(data, t_in=2, t_out=4).stats
+    saved, stats = Stats.load(tmp_path / "p2" / "stats.json"), Trajectories(data, t_in=2, t_out=4).stats
     assert saved.fields == stats.fields
     assert saved.mean == pytest.approx(stats.mean, rel=1e-6) and saved.std == pytest.approx(stats.std, rel=1e-6)
     # The plots are PNG images of drift.train.plots' figures: 9 x 3.5 and 11 x 7 inches at 120 dpi.

@@ -35,10 +35,12 @@ MODULES: dict[str, str] = {
 
 # (former module, name) -> the module that holds it now, filled as moved_names is called.
 NAMES: dict[tuple[str, str], str] = {}
+# (former module, name) -> the name it has there, for a name that was renamed as it moved.
+RENAMED: dict[tuple[str, str], str] = {}
 
 
-def _warn(old: str, new: str, stacklevel: int) -> None:
-    message = f"{old} moved to {new}; {old} goes in drift {REMOVED_IN}"
+def _warn(old: str, new: str, stacklevel: int, removed_in: str = REMOVED_IN) -> None:
+    message = f"{old} moved to {new}; {old} goes in drift {removed_in}"
     warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
 
 
@@ -48,18 +50,24 @@ def deprecated(old: str, new: str) -> None:
     _warn(old, new, stacklevel=3)
 
 
-def moved_names(old: str, homes: dict[str, Iterable[str]]) -> Callable[[str], object]:
+def moved_names(
+    old: str, homes: dict[str, Iterable[str]], renamed: dict[str, str] | None = None, removed_in: str = REMOVED_IN
+) -> Callable[[str], object]:
     """A module ``__getattr__`` (PEP 562) for module ``old``, whose names listed in ``homes`` (new module
-    -> names) now live in those modules: each is given with a DeprecationWarning naming its new home; any
-    other name not in ``old`` is an AttributeError."""
-    home = {name: new for new, names in homes.items() for name in names}
-    NAMES.update({(old, name): new for name, new in home.items()})
+    -> names) now live in those modules, and whose names in ``renamed`` (former name -> ``module.name``)
+    moved under a new name: each is given with a DeprecationWarning naming its new home and the release
+    that removes it; any other name not in ``old`` is an AttributeError."""
+    home = {name: (new, name) for new, names in homes.items() for name in names}
+    home |= {name: tuple(new.rsplit(".", 1)) for name, new in (renamed or {}).items()}
+    NAMES.update({(old, name): module for name, (module, _) in home.items()})
+    RENAMED.update({(old, name): now for name, (_, now) in home.items() if now != name})
 
     def __getattr__(name: str) -> object:
         if name not in home:
             raise AttributeError(f"module {old!r} has no attribute {name!r}")
-        _warn(f"{old}.{name}", f"{home[name]}.{name}", stacklevel=2)
-        return getattr(importlib.import_module(home[name]), name)
+        module, now = home[name]
+        _warn(f"{old}.{name}", f"{module}.{now}", stacklevel=2, removed_in=removed_in)
+        return getattr(importlib.import_module(module), now)
 
     return __getattr__
 

@@ -57,17 +57,27 @@ def count(text: str) -> int:
 
 
 def fourier_modes(text: str) -> tuple[int, ...]:
-    """argparse type: Fourier modes per dim (x, y, z, t), one count for all four or four counts, like 4
-    or 8,8,8,4."""
+    """argparse type: Fourier modes per dim of the model (space, then time for a one-shot model), one count
+    for every dim or one per dim, like 4 or 8,8,8,4."""
     try:
         counts = tuple(int(p) for p in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a mode count like 4 or 8,8,8,4") from None
-    if len(counts) == 1:
-        counts *= 4
-    if len(counts) != 4 or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: need one or four positive counts (x, y, z, t)")
+    if len(counts) > 4 or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need one to four positive counts (one per dim, or one for all)")
     return counts
+
+
+def fractions(text: str) -> tuple[float, ...]:
+    """argparse type: fractions in [0, 1] joined by commas, one for every dim or one per dim, like 0.125 or
+    0.25,0.25,0."""
+    try:
+        values = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction like 0.125 or 0.25,0.25,0") from None
+    if not all(0 <= v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each fraction must be between 0 and 1")
+    return values
 
 
 def auto_only(text: str) -> str:
@@ -80,4 +90,4 @@ def auto_only(text: str) -> str:
 positive_int = positive(int)
 positive_float = positive(float)
 shape = extents("a shape", "64x64x32x30")
-rank_grid = extents("a grid", "4x1x1", count=3)
+rank_grid = extents("a grid", "4x1x1")

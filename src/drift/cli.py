@@ -15,6 +15,7 @@ import drift
 from drift._moved import moved_names
 from drift.arguments import indices, positive, rank_grid
 from drift.bench.cli import add_parser as add_bench_parser
+from drift.data.synthetic import LAYOUTS
 from drift.jobs import commands as jobs
 from drift.options import add_options
 from drift.train import TrainConfig, config_from
@@ -25,6 +26,9 @@ __getattr__ = moved_names(__name__, {"drift": ("comm",), "drift.jobs": ("reports
 
 
 def _generate(args: argparse.Namespace) -> int:
+    if args.layout is not None:
+        names = ("samples", "resolution", "frames", "dims", "seed")
+        return jobs.generate_layout(args.out, args.layout, **{name: getattr(args, name) for name in names})
     names = ("samples", "resolution", "frames", "t_end", "mach", "eta", "zeta", "seed", "device", "progress")
     return jobs.generate(args.out, **{name: getattr(args, name) for name in names})
 
@@ -60,10 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=lambda _args: jobs.info())
     gen = commands.add_parser(
         "generate",
-        help="write PDEBench-layout 3D compressible Navier-Stokes trajectories from random initial data",
-        description="Finite-volume solver (MUSCL + Rusanov, SSP-RK2) on the periodic unit cube, gamma = 5/3.",
+        help="write PDEBench-layout 3D compressible Navier-Stokes trajectories from random initial data, or a "
+        "small synthetic file of any layout drift reads (--layout)",
+        description="Finite-volume solver (MUSCL + Rusanov, SSP-RK2) on the periodic unit cube, gamma = 5/3; "
+        "with --layout, fields that follow a known linear map (drift.data.write_synthetic).",
     )
-    gen.add_argument("--out", default="data/3D_CFD_generated.hdf5", help="output HDF5 file")
+    gen.add_argument("--out", default="data/3D_CFD_generated.hdf5", help="output file")
+    gen.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        help="a synthetic file in this layout (PDEBench cfd, scalar, darcy, per-sample groups; The Well; x -> y "
+        "tensor dictionary .pt) instead of the solver's 3D CFD trajectories",
+    )
+    gen.add_argument("--dims", type=positive(int), default=2, help="with --layout: spatial dims (1 to 3)")
     gen.add_argument("--samples", type=positive(int), default=4)
     gen.add_argument("--resolution", type=positive(int), default=32, help="cells per dim")
     gen.add_argument("--frames", type=positive(int), default=21, help="saved frames, t = 0 included")

@@ -10,13 +10,14 @@ holds tensors, str, int, float, bool, None, lists and dicts only:
 - ``state_dict``: its weights, plain CPU tensors, as DCP gathers them from the run's checkpoint
   (whatever number of ranks wrote it);
 - ``stats``: the normalisation statistics of the run's training set (``fields``, ``mean``, ``std``);
-- ``inputs``: how the model's input is assembled from raw frames: ``t_in``, ``t_out``, ``fields`` and
-  the layouts in words (``drift.predict.predictor.Predictor`` does it);
+- ``inputs``: how the model's input is assembled from raw frames: ``t_in``, ``t_out``, the ``recipe``
+  and its ``target``, the ``inputs`` and ``fields`` channels and the layouts in words
+  (``drift.predict.predictor.Predictor`` does it);
 - ``trained``: the checkpoint, its epoch, the grid and the ranks it was trained on.
 
 ``load_exported(path)`` (also ``drift.load_exported``) rebuilds the model on one device and returns a
-``Predictor``: raw frames ``(batch, fields, t_in, x, y, z)`` in, de-normalised predicted frames
-``(batch, fields, t_out, x, y, z)`` out. Both writers write under a temporary name and rename at the
+``Predictor``: raw frames ``(batch, inputs, t_in, *space)`` in, de-normalised predicted frames
+``(batch, fields, t_out, *space)`` out. Both writers write under a temporary name and rename at the
 end, and refuse to replace an existing output unless told to.
 """
 
@@ -37,10 +38,32 @@ from drift.data import Stats
 from drift.data.writer import write_failure
 from drift.nn import FNO, to_neuralop
 from drift.predict.predictor import Predictor
+from drift.recipes import recipe_named
 from drift.train import Trained, fno_options, load_trained, trained_config
+from drift.train.sharding import saved_channels
 
 FORMAT = "drift-fno"
-VERSION = 1
+VERSION = 2  # 2: the recipe, its target and the input channels; a version 1 file is a one-shot model
+READS = (1, 2)
+# What a file says of the model's inputs and outputs, per recipe (``drift.recipes``).
+FRAMES = {
+    "static": "(batch, inputs, 1, *space): the input fields in physical units",
+    "one-shot": "(batch, fields, t_in, *space): each field's first t_in frames in physical units",
+    "autoregressive": "(batch, fields, t_in, *space): each field's first t_in frames in physical units",
+}
+MODEL_INPUTS = {
+    "static": "(batch, inputs, *space): the input fields normalised per channel ((value - mean) / std)",
+    "one-shot": "(batch, fields * t_in + 1, *space, t_out): the frames normalised per field ((frames - mean) / "
+    "std), field-major, each repeated along the t_out time points, then t / t_out for t = 1..t_out",
+    "autoregressive": "(batch, fields * t_in, *space): the last t_in frames normalised per field, field-major; "
+    "fed back t_out times, each output frame replacing the oldest",
+}
+MODEL_OUTPUTS = {
+    "static": "(batch, fields, *space): normalised; y * std + mean de-normalises",
+    "one-shot": "(batch, fields, *space, t_out): normalised; y * std + mean de-normalises",
+    "autoregressive": "(batch, fields, *space): the next frame normalised (target state) or its change from the "
+    "last input frame (target increment); y * std + mean de-normalises",
+}
 NEURALOP_NAME = "model"  # neuraloperator's save_name: model_state_dict.pt, model_metadata.pkl
 SIDECAR = "drift.json"  # next to them: the statistics and the input assembly, which neuraloperator's files lack
 
@@ -75,20 +98,19 @@ def _trained(checkpoint: str | Path) -> Trained:
 def _description(trained: Trained) -> dict:
     """What a model's file needs besides its weights: statistics, inputs, provenance."""
     config, stats = trained.config, trained.stats
-    frames = "(batch, fields, t_in, x, y, z): each field's first t_in frames in physical units"
-    channels = (
-        "(batch, fields * t_in + 1, x, y, z, t_out): the frames normalised per field ((frames - mean) / std), "
-        "field-major, each repeated along the t_out time points, then t / t_out for t = 1..t_out"
-    )
+    inputs, fields = saved_channels(trained.meta)
     return dict(
         stats=dict(fields=list(stats.fields), mean=list(stats.mean), std=list(stats.std)),
         inputs=dict(
             t_in=config.t_in,
             t_out=config.t_out,
-            fields=list(stats.fields),
-            frames=frames,
-            model_input=channels,
-            model_output="(batch, fields, x, y, z, t_out): normalised; y * std + mean de-normalises",
+            recipe=config.recipe,
+            target=config.target,
+            inputs=list(inputs),
+            fields=list(fields),
+            frames=FRAMES[config.recipe],
+            model_input=MODEL_INPUTS[config.recipe],
+            model_output=MODEL_OUTPUTS[config.recipe],
         ),
         trained=dict(
             checkpoint=str(trained.checkpoint.resolve()),
@@ -103,7 +125,7 @@ def exported(checkpoint: str | Path) -> dict:
     """The file ``export`` writes, as a dict (see the module's notes); one process, no ranks."""
     trained = _trained(checkpoint)
     default = inspect.signature(FNO).parameters["non_linearity"].default
-    options = {k: _plain(v) for k, v in fno_options(trained.config).items()}
+    options = {k: _plain(v) for k, v in fno_options(trained.config, *saved_channels(trained.meta)).items()}
     options["non_linearity"] = _function_name(default)
     weights = {k: v.detach().cpu().contiguous() for k, v in trained.model.state_dict().items()}
     return dict(format=FORMAT, version=VERSION, drift=drift.__version__, fno=options, state_dict=weights) | (
@@ -202,8 +224,8 @@ def load_exported(path: str | Path, device: torch.device | str = "cpu") -> Predi
         raise ValueError(f"{path}: not a file drift export wrote ({type(exc).__name__}: {exc})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path}: not a file drift export wrote (no format {FORMAT!r})")
-    if record.get("version") != VERSION:
-        raise ValueError(f"{path}: format version {record.get('version')}, this drift reads {VERSION}")
+    if record.get("version") not in READS:
+        raise ValueError(f"{path}: format version {record.get('version')}, this drift reads {READS}")
     options = dict(record["fno"])
     name = options.pop("non_linearity")
     non_linearity = getattr(F, name, None)
@@ -214,4 +236,6 @@ def load_exported(path: str | Path, device: torch.device | str = "cpu") -> Predi
     model.load_state_dict(record["state_dict"])
     stats = Stats(**{k: tuple(v) for k, v in record["stats"].items()})
     inputs = record["inputs"]
-    return Predictor(model, stats, inputs["t_in"], inputs["t_out"]).to(device).eval()
+    recipe = recipe_named(inputs.get("recipe", "one-shot"), inputs.get("target", "state"))
+    channels = dict(inputs=inputs.get("inputs"), fields=inputs.get("fields"))
+    return Predictor(model, stats, inputs["t_in"], inputs["t_out"], recipe, **channels).to(device).eval()

@@ -27,6 +27,7 @@ from drift.jobs.launch import RankError, run_ranks
 from drift.nn import METHODS
 from drift.nn.methods import Drift
 from drift.train import MODELS, ConfigError, TrainConfig, check_config, config_from, ensure_default_data, train_rank
+from drift.train.problem import DEFAULT_3D_MODES
 
 PHASES = ("forward", "backward", "optimizer", "test", "data")  # seconds per epoch, as drift.train's rows
 
@@ -122,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", choices=MODELS, default=d.model, help="neuralop (drift train's default) or plain (the paper's FNO)"
     )
     parser.add_argument("--width", type=positive_int, default=d.width)
-    parser.add_argument("--modes", type=positive_int, nargs=4, default=list(d.modes), metavar="K")
+    parser.add_argument("--modes", type=positive_int, nargs=4, default=list(DEFAULT_3D_MODES), metavar="K")
     parser.add_argument("--layers", type=positive_int, default=d.layers)
     parser.add_argument("--lr", type=positive_float, default=d.lr)
     parser.add_argument("--batch-size", type=positive_int, default=d.batch_size)

@@ -61,6 +61,18 @@ def generate(out: str, *, device: str, **options: Any) -> int:
     return 0
 
 
+def generate_layout(out: str, layout: str, **options: Any) -> int:
+    """``drift generate --layout``: ``drift.data.write_synthetic(out, layout, **options)``, then ``wrote <out>``."""
+    from drift.data import write_synthetic
+
+    try:
+        write_synthetic(out, layout, **options)
+    except ValueError as exc:
+        return fail("generate", str(exc))
+    print(f"wrote {out}")
+    return 0
+
+
 def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool: bool = False) -> Any:
     """Rank 0's ``fn(arg)``: called here for one rank (unless ``pool``), else on ``nproc`` fresh local
     ranks on ``device``."""

@@ -36,7 +36,9 @@ from drift.data.writer import OutputError, TurnWriter
 from drift.jobs.console import bars_shown
 from drift.layout import Layout
 from drift.predict.predictor import Predictor
+from drift.recipes import recipe_named
 from drift.train import ConfigError, TrainConfig, data_grid, load_trained, trained_config
+from drift.train.sharding import saved_channels
 
 TIMES = "t-coordinate"
 ATTRIBUTE = "drift_prediction"  # the output's attribute recording what predicted it
@@ -254,10 +256,11 @@ def predict(
     config, source = plan.config, plan.source
     trained = load_trained(checkpoint, config, plan.shape, device)
     trained.model.eval()
-    predictor = Predictor(trained.model, trained.stats, config.t_in, config.t_out)
+    channels, fields = saved_channels(trained.meta)
+    recipe = recipe_named(config.recipe, config.target)
+    predictor = Predictor(trained.model, trained.stats, config.t_in, config.t_out, recipe, channels, fields)
     sharding = trained.sharding
     local = Layout(plan.shape, sharding.mesh, sharding.field_placements()).local_slices
-    fields = trained.stats.fields
     count = len(plan.trajectories)
     writer = TurnWriter.create(
         plan.out,
@@ -274,9 +277,8 @@ def predict(
             share = sharding.share(batch)
             inputs = _inputs(plan, [plan.trajectories[i] for i in share], fields, local)
             _check_finite(plan, inputs, share, batch)
-            global_shape = (len(batch), len(fields) * config.t_in + 1, *plan.shape, config.t_out)
             frames = torch.from_numpy(inputs.astype(np.float32, copy=False)).to(trained.device)
-            predicted = predictor.block(frames, lambda x, shape=global_shape: sharding.wrap(x, shape))
+            predicted = predictor.block(frames, sharding.wrapper(len(batch), plan.shape))
             predicted = predicted.cpu().numpy().astype(source.dtype, copy=False)
             blocks = [
                 (key, (i, slice(*span), *local), values[j, k])

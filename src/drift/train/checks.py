@@ -10,13 +10,14 @@ from collections.abc import Sequence
 import torch
 
 from drift._moved import moved_names
-from drift.data import PDEBenchFiles
+from drift.data import DataFiles
 from drift.jobs.launch import launched
 from drift.layout import chunk_sizes, split_reduction
 from drift.modes import mode_lists
 from drift.nn import AUTO, cp_rank, method_named, mode_counts, tucker_rank
 from drift.options import first_problem
 from drift.train.config import HOSTS, ConfigError, TrainConfig
+from drift.train.problem import problem_modes, problem_recipe, resolve_problem
 from drift.train.resume import resume_point
 
 
@@ -24,12 +25,6 @@ def check_config(config: TrainConfig, world_size: int) -> None:
     """Reject option values that cannot work, before any rank starts (ConfigError naming the option)."""
     if (problem := first_problem(config)) is not None:  # each option's choices and check (TrainConfig's)
         raise ConfigError(problem)
-    if config.factorization is not None:
-        shape = (config.width, config.width, *mode_counts(config.modes, real=True))
-        try:
-            (tucker_rank if config.factorization == "tucker" else cp_rank)(shape, config.rank)
-        except ValueError as exc:
-            raise ConfigError(f"--rank {config.rank}: {exc}") from None
     if config.device == "cuda":
         gpus = torch.cuda.device_count()
         if gpus < 1:
@@ -44,38 +39,60 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"--overlap {config.overlap} applies to --method drift, not {config.method}")
     if config.resume:
         resume_point(config)
-    if config.data is None:
-        return
-    files = PDEBenchFiles(config.data)
+    if config.data is not None:
+        config = resolve_problem(config)
+        check_data(config, world_size)
+    if config.factorization is not None:
+        shape = (config.width, config.width, *mode_counts(problem_modes(config), real=True))
+        try:
+            (tucker_rank if config.factorization == "tucker" else cp_rank)(shape, config.rank)
+        except ValueError as exc:
+            raise ConfigError(f"--rank {config.rank}: {exc}") from None
+
+
+def check_data(config: TrainConfig, world_size: int) -> None:
+    """ConfigError unless ``config`` (resolved: ``resolve_problem``) fits its data: the test files' layout,
+    fields and grid, the frames, the split, the grid of ranks and the modes."""
+    files = DataFiles(config.data)
+    frames = 1 if files.static else config.t_in + config.t_out
     if config.test_data:
-        test = PDEBenchFiles(config.test_data)
-        if test.grid != files.grid:
-            raise ConfigError(
-                f"--test-data: {test.paths[0]} has the {_shape_text(test.grid)} grid, --data "
-                f"{files.paths[0]} has {_shape_text(files.grid)}"
+        test = DataFiles(config.test_data)
+        differ = [
+            (what, got, want)
+            for what, got, want in (
+                ("layout", test.format.name, files.format.name),
+                ("fields", test.fields, files.fields),
+                ("grid", _shape_text(test.grid), _shape_text(files.grid)),
             )
-        if test.frames < config.t_in + config.t_out:
+            if got != want
+        ]
+        if differ:
+            what, got, want = differ[0]
+            raise ConfigError(f"--test-data: {test.paths[0]} has the {what} {got}, --data {files.paths[0]} has {want}")
+        if test.frames < frames:
             raise ConfigError(
-                f"--t-in + --t-out = {config.t_in + config.t_out} exceeds the {test.frames} frames of "
-                f"--test-data {test.paths[0]}"
+                f"--t-in + --t-out = {frames} exceeds the {test.frames} frames of --test-data {test.paths[0]}"
             )
     else:
         check_split(config.split, files)
-    if files.frames < config.t_in + config.t_out:
-        raise ConfigError(
-            f"--t-in + --t-out = {config.t_in + config.t_out} exceeds the {files.frames} frames of {_named(files)}"
-        )
+    if files.frames < frames:
+        raise ConfigError(f"--t-in + --t-out = {frames} exceeds the {files.frames} frames of {_named(files)}")
     check_resolution(config, files.grid, world_size)
 
 
-def _named(files: PDEBenchFiles) -> str:
+def model_extents(config: TrainConfig, extents: Sequence[int]) -> tuple[int, ...]:
+    """The model's grid for data of spatial ``extents``: with ``t_out`` time points for a one-shot model."""
+    return (*extents, config.t_out) if problem_recipe(config).time_dim else tuple(extents)
+
+
+def _named(files: DataFiles) -> str:
     """The data files in a message: the one file, or how many and the first."""
     if len(files.paths) == 1:
         return str(files.paths[0])
     return f"the {len(files.paths)} files of --data ({files.paths[0]}, ...)"
 
 
-def check_split(split: str, files: PDEBenchFiles) -> None:
+def check_split(split: str, files: DataFiles) -> None:
     """ConfigError naming ``--split`` unless its rule, applied to each file, leaves the files' trajectories
     both a training and a test set."""
     trajectories, test = files.trajectories, len(files.held_out(split))
@@ -90,16 +107,18 @@ def check_split(split: str, files: PDEBenchFiles) -> None:
         )
 
 
-def spatial_grid(config: TrainConfig, world_size: int) -> tuple[int, ...]:
-    """Ranks per spatial dim: ``--grid``, or a slab of the ``world_size / --data-parallel`` spatial ranks."""
+def spatial_grid(config: TrainConfig, world_size: int, dims: int = 3) -> tuple[int, ...]:
+    """Ranks per spatial dim of ``dims``-D data: ``--grid``, or a slab of the ``world_size / --data-parallel``
+    spatial ranks."""
     if world_size % config.data_parallel:
         raise ConfigError(f"--data-parallel {config.data_parallel} does not divide the {world_size} ranks")
     spatial = world_size // config.data_parallel
-    grid = config.grid or (spatial, 1, 1)
-    if len(grid) != 3 or min(grid) < 1 or math.prod(grid) != spatial:
+    grid = config.grid or (spatial,) + (1,) * (dims - 1)
+    if len(grid) != dims or min(grid) < 1 or math.prod(grid) != spatial:
         raise ConfigError(
-            f"--grid {'x'.join(map(str, grid))}: needs three positive rank counts whose product is the "
-            f"{spatial} spatial ranks ({world_size} ranks / --data-parallel {config.data_parallel})"
+            f"--grid {'x'.join(map(str, grid))}: needs {dims} positive rank counts (one per spatial dim of the "
+            f"data) whose product is the {spatial} spatial ranks ({world_size} ranks / --data-parallel "
+            f"{config.data_parallel})"
         )
     return tuple(grid)
 
@@ -133,7 +152,7 @@ def check_reduction(config: TrainConfig, world_size: int) -> None:
     if reduction is None:
         return
     shape = _shape_text(reduction)
-    split = [p for p in spatial_grid(config, world_size) if p > 1]
+    split = [p for p in spatial_grid(config, world_size, len(config.grid) if config.grid else 1) if p > 1]
     if min(reduction) < 1 or math.prod(reduction) != math.prod(split):
         raise ConfigError(
             f"--reduction {shape}: needs positive entries whose product is the {math.prod(split)} spatial ranks"
@@ -149,9 +168,10 @@ def _shape_text(shape: tuple[int, ...] | str) -> str:
 
 
 def check_resolution(config: TrainConfig, extents: Sequence[int], world_size: int, option: str | None = None) -> None:
-    """ConfigError unless every rank of the grid holds points of the ``extents`` (x, y, z) grid
-    (``torch.chunk`` blocks) and the modes fit it; a misfit names ``option`` (default: ``--modes``)."""
-    grid = spatial_grid(config, world_size)
+    """ConfigError unless every rank of the grid holds points of the ``extents`` (spatial) grid
+    (``torch.chunk`` blocks) and the modes fit the model's grid (``config`` resolved: ``resolve_problem``);
+    a misfit names ``option`` (default: ``--modes``)."""
+    grid = spatial_grid(config, world_size, len(extents))
     for dim, (n, p) in enumerate(zip(extents, grid, strict=True)):
         if min(chunk_sizes(n, p)) == 0:
             raise ConfigError(
@@ -159,7 +179,7 @@ def check_resolution(config: TrainConfig, extents: Sequence[int], world_size: in
                 f"of {-(-n // p)}) leave a rank without points"
             )
     try:
-        mode_lists(config.modes, (*extents, config.t_out), real=True)
+        mode_lists(config.modes, model_extents(config, extents), real=True)
     except ValueError as exc:
         raise ConfigError(f"{option or '--modes ' + ','.join(map(str, config.modes))}: {exc}") from None
 

@@ -10,17 +10,39 @@ from pathlib import Path
 
 import torch
 
-from drift.arguments import auto_only, count, extents, fourier_modes, positive_float, positive_int, rank_grid
+from drift.arguments import (
+    auto_only,
+    count,
+    extents,
+    fourier_modes,
+    fractions,
+    positive_float,
+    positive_int,
+    rank_grid,
+)
 from drift.data import SPLITS, generate
 from drift.nn import AUTO, FACTORIZATIONS, METHODS
 from drift.options import at_least, non_negative, option, positive
+from drift.recipes import RECIPES, TARGETS
 
 # The small data set `drift train` writes when --data is not given.
 DEFAULT_DATA = dict(samples=256, resolution=16, frames=21, seed=0)
 # Options that define the model: a resumed run or an evaluation must use the checkpoint's.
-MODEL_OPTIONS = ("model", "width", "modes", "layers", "seed", "t_in", "t_out", "factorization", "rank")
+MODEL_OPTIONS = (
+    "model",
+    "recipe",
+    "target",
+    "width",
+    "modes",
+    "layers",
+    "seed",
+    "t_in",
+    "t_out",
+    "factorization",
+    "rank",
+)
 # Options of the optimisation a resumed run must share with the checkpoint's.
-OPTIMIZER_OPTIONS = ("method", "lr", "weight_decay", "schedule", "batch_size", "split", "loss")
+OPTIMIZER_OPTIONS = ("method", "lr", "weight_decay", "schedule", "batch_size", "split", "loss", "pushforward", "noise")
 # --model: Li et al.'s plain FNO, or neuraloperator 2.0's default options (FNO.neuralop_defaults).
 MODELS = ("plain", "neuralop")
 # --schedule: the learning rate over the run's steps, constant or cosine-annealed to 0.
@@ -34,8 +56,23 @@ LOSSES = ("mse", "frame-weighted")
 ON_NAN = ("stop", "skip-batch")
 # Options checkpoints written before the option existed were trained with.
 LEGACY_OPTIONS = dict(
-    split="last", factorization=None, rank=1.0, model="plain", weight_decay=0.0, schedule="constant", loss="mse"
+    split="last",
+    factorization=None,
+    rank=1.0,
+    model="plain",
+    weight_decay=0.0,
+    schedule="constant",
+    loss="mse",
+    recipe="one-shot",
+    target="state",
+    pushforward=None,
+    noise=0.0,
+    domain_padding=None,
 )
+# --recipe: how the model learns (drift.recipes); auto: static for static data, else one-shot.
+RECIPE_CHOICES = (*RECIPES, AUTO)
+# Options a resumed run or an evaluation takes from its checkpoint when they are left unset.
+UNSET = dict(recipe=AUTO, modes=None, domain_padding=None)
 
 
 class ConfigError(ValueError):
@@ -61,8 +98,9 @@ class TrainConfig:
 
     data: str | tuple[str, ...] | None = option(
         None,
-        "PDEBench 3D CFD HDF5 files or folders of them (*.hdf5, *.h5), read as one data set in the order given, "
-        "a folder's files by name; --split applies to each file",
+        "data files or folders of them (*.hdf5, *.h5, *.pt: every PDEBench layout, The Well, x -> y tensor "
+        "dictionaries), read as one data set in the order given, a folder's files by name; --split applies to "
+        "each file",
         metavar="FILE",
         many=True,
         unset="generate a small set into the cache",
@@ -74,8 +112,11 @@ class TrainConfig:
         metavar="FILE",
         many=True,
     )
-    grid: tuple[int, int, int] | None = option(
-        None, "spatial ranks per spatial dim, like 4x1x1", parse=rank_grid, unset="a slab of all spatial ranks"
+    grid: tuple[int, ...] | None = option(
+        None,
+        "spatial ranks per spatial dim of the data, like 4x1x1 (3-D) or 2x2 (2-D)",
+        parse=rank_grid,
+        unset="a slab of all spatial ranks",
     )
     data_parallel: int = option(
         1,
@@ -111,8 +152,52 @@ class TrainConfig:
         choices=MODELS,
     )
     width: int = option(20, "channels inside the FNO", parse=positive_int, check=at_least(1))
-    modes: tuple[int, int, int, int] = option(
-        (3, 3, 3, 4), "modes per dim (x,y,z,t), Li et al.'s k: one count for all four, or four", parse=fourier_modes
+    recipe: str = option(
+        AUTO,
+        "static: input fields to output fields; one-shot: --t-in frames in, the next --t-out frames at once (time "
+        "an FNO dim); autoregressive: --t-in frames in (as channels), the next frame out, fed back --t-out times",
+        choices=RECIPE_CHOICES,
+        unset="static for static data (Darcy, x -> y dictionaries), else one-shot",
+    )
+    pushforward: int | None = option(
+        None,
+        "--recipe autoregressive: unroll the first --t-out - K steps without gradient and count the last K frames "
+        "in the loss, their gradients through those K steps only (the pushforward trick)",
+        parse=positive_int,
+        check=at_least(1),
+        metavar="K",
+        unset="every frame counts, gradients through the whole unroll",
+    )
+    noise: float = option(
+        0.0,
+        "--recipe autoregressive: Gaussian noise of this standard deviation (normalised units) added to each "
+        "training step's input",
+        parse=float,
+        check=non_negative,
+        metavar="STD",
+    )
+    target: str = option(
+        "state",
+        "--recipe autoregressive: the model predicts the next frame (state) or its change from the last input "
+        "frame (increment)",
+        choices=TARGETS,
+    )
+    modes: tuple[int, ...] | None = option(
+        None,
+        "modes per dim of the model (space, then time for --recipe one-shot), Li et al.'s k: one count for "
+        "every dim, or one per dim",
+        parse=fourier_modes,
+        unset="3,3,3,4 for 3-D one-shot data (the default problem); else min(12, n/2) per spatial dim and "
+        "min(4, t/2 + 1) for time",
+    )
+    domain_padding: tuple[float, ...] | None = option(
+        None,
+        "zero-pad each spectral convolution's input by this fraction of each model dim (one for every dim, or one "
+        "per dim), for non-periodic data",
+        parse=fractions,
+        metavar="FRACTION",
+        unset="0.125 along each non-periodic spatial dim of the data (The Well's walls and open boundaries); "
+        "none for periodic data",
     )
     factorization: str | None = option(
         None,
@@ -184,8 +269,8 @@ class TrainConfig:
         check=at_least(0),
         metavar="N",
     )
-    t_in: int = option(5, "input frames", parse=positive_int, check=at_least(1))
-    t_out: int = option(16, "predicted frames", parse=positive_int, check=at_least(1))
+    t_in: int = option(5, "input frames (time-dependent data)", parse=positive_int, check=at_least(1))
+    t_out: int = option(16, "predicted frames (autoregressive: steps unrolled)", parse=positive_int, check=at_least(1))
     split: str = option(
         "last",
         "the test trajectories: last: the last 10% (rounded, at least one); pdebench: PDEBench's first "

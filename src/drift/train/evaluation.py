@@ -11,23 +11,23 @@ from pathlib import Path
 import torch
 
 from drift import comm
-from drift.data import PDEBench3D, PDEBenchFiles
-from drift.layout import local_block
+from drift.data import DataFiles, Trajectories
 from drift.metrics import PDEBenchMetrics
 from drift.nn import FNO
 from drift.train.sharding import Sharding, batch_input, prefetched_batches, test_dataset
 from drift.train.trained import data_grid, load_trained, trained_config
 
 
-def pdebench_metrics(dataset: PDEBench3D, device) -> PDEBenchMetrics:
+def pdebench_metrics(dataset: Trajectories, device) -> PDEBenchMetrics:
     """An accumulator of PDEBench's metrics over ``dataset``'s trajectories, laid out as its blocks."""
-    return PDEBenchMetrics(dataset.layout, dataset.fields, dataset.t_out, len(dataset), device=device)
+    lengths = dataset.files.lengths
+    return PDEBenchMetrics(dataset.layout, dataset.fields, dataset.t_out, len(dataset), lengths=lengths, device=device)
 
 
 @torch.no_grad()
 def relative_l2(
     model: FNO,
-    dataset: PDEBench3D,
+    dataset: Trajectories,
     sharding: Sharding,
     batch_size: int,
     device,
@@ -39,15 +39,13 @@ def relative_l2(
     with the data set's statistics, in float64. ``prefetch``: read each batch during the previous one's
     forward (``prefetched_batches``)."""
     sums = torch.zeros(len(dataset), 2, dtype=torch.float64, device=device)
-    shape = (1, -1, 1, 1, 1, 1)
-    mean, std = (
-        torch.tensor(v, dtype=torch.float64, device=device).view(shape) for v in (dataset.stats.mean, dataset.stats.std)
-    )
+    shape = (1, -1) + (1,) * (len(dataset.global_shape) + 1)
+    mean, std = (torch.tensor(v, dtype=torch.float64, device=device).view(shape) for v in dataset.field_stats())
     batches = [range(start, min(start + batch_size, len(dataset))) for start in range(0, len(dataset), batch_size)]
     with prefetched_batches(dataset, batches, sharding, device, prefetch) as reads:
         for indices in batches:
-            x, y = batch_input(dataset, reads.take(), len(indices), sharding, device)
-            pred = local_block(model(x))
+            x, y, wrap = batch_input(dataset, reads.take(), len(indices), sharding, device)
+            pred = dataset.recipe.predict(model, x, wrap, dataset.t_out)
             err = (pred - y).square().flatten(1).sum(1, dtype=torch.float64)
             sums[sharding.share(indices)] += torch.stack([err, y.square().flatten(1).sum(1, dtype=torch.float64)], 1)
             if pdebench is not None:
@@ -113,7 +111,7 @@ def evaluate(
     config = trained_config(
         checkpoint, data=data, test_data=test_data, method=method, grid=grid, data_parallel=data_parallel
     )
-    files = PDEBenchFiles(config.test_data or config.data)
+    files = DataFiles(config.test_data or config.data)
     shape, stride = data_grid(config, files.grid, resolution, comm.world_size())
     trained = load_trained(checkpoint, config, shape, device)
     test_set = test_dataset(config, files, trained.stats, trained.sharding, stride)

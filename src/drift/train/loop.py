@@ -25,8 +25,8 @@ from drift.jobs.console import bars_shown
 from drift.jobs.launch import process_group, rank_device
 from drift.jobs.stopping import STOPPED, Stopped, StopSignals
 from drift.jobs.timeouts import PhaseTimeouts
-from drift.layout import local_block
 from drift.metrics import PDEBenchMetrics
+from drift.recipes import Unroll
 from drift.train.checks import check_config
 from drift.train.config import TrainConfig, default_data_path, ensure_default_data
 from drift.train.epoch import EpochSums, PhaseClock, step_flags
@@ -102,10 +102,12 @@ def _train(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> l
         for epoch in bar:
             final, test_l2 = _epoch(run, bar, epoch, schedule[epoch], batches)
     bar.close()
-    if final is not None:
-        write_test_metrics(run.out, config.split, run.history[-1]["epoch"], test_l2, final.compute(), not config.quiet)
+    pdebench = final.compute() if final is not None else None
+    if pdebench is not None:
+        write_test_metrics(run.out, config.split, run.history[-1]["epoch"], test_l2, pdebench, not config.quiet)
     if run.history and config.plots:
-        save_plots(run.out, run.history, run.model, run.test_set, run.sharding, run.device, config.method)
+        per_frame = pdebench["per_frame"] if pdebench is not None else None
+        save_plots(run.out, run.history, run.model, run.test_set, run.sharding, run.device, config.method, per_frame)
     return run.history
 
 
@@ -134,7 +136,7 @@ def _epoch(
     steps = len(every)
     for step, indices in enumerate(every[sums.step :], sums.step + 1):
         set_learning_rate(run.optimizer, config, epoch * steps + step - 1, config.epochs * steps)
-        flags = _step(run, clock, sums, indices, batches, f"epoch {epoch + 1}, step {step}")
+        flags = _step(run, clock, sums, indices, batches, f"epoch {epoch + 1}, step {step}", run.unroll(epoch, step))
         sums.step = step
         if flags["stop"] or flags["checkpoint"]:
             _save_mid_epoch(run, epoch, step, sums, stop=flags["stop"])
@@ -142,22 +144,26 @@ def _epoch(
 
 
 def _step(
-    run: Run, clock: PhaseClock, sums: EpochSums, indices: list[int], batches: Prefetch, at: str
+    run: Run, clock: PhaseClock, sums: EpochSums, indices: list[int], batches: Prefetch, at: str, unroll: Unroll
 ) -> dict[str, bool]:
     """One step on the training trajectories ``indices`` (``at``: its epoch and step), read by ``batches``'
-    next ``take()``: forward, backward, the flags the ranks agree on (``step_flags``, returned), then the
-    optimizer step; a non-finite loss or gradient norm raises NonFiniteError before it, or (``--on-nan
-    skip-batch``) skips it. Adds to ``sums``. A failed read raises its DataError here, in the data phase."""
+    next ``take()``: forward (as the recipe trains: ``unroll``), backward, the flags the ranks agree on
+    (``step_flags``, returned), then the optimizer step; a non-finite loss or gradient norm raises
+    NonFiniteError before it, or (``--on-nan skip-batch``) skips it. Adds to ``sums``. A failed read raises
+    its DataError here, in the data phase."""
     model, optimizer = run.model, run.optimizer
     with run.timeouts("step", at):
         with clock("data"):
-            x, y = batch_input(run.train_set, batches.take(), len(indices), run.sharding, run.device)
+            x, y, wrap = batch_input(run.train_set, batches.take(), len(indices), run.sharding, run.device)
         with clock("forward"):
+            recipe, t_out = run.train_set.recipe, run.train_set.t_out
+            pred = recipe.train_forward(model, x, wrap, t_out, unroll)
+            counted = recipe.counted(t_out, unroll)  # the frames the loss counts
+            y = y[..., counted]
+            weights = None if run.weights is None else run.weights[..., counted]
             # This rank's share of the global batch's loss: the ranks' losses sum to it.
-            pred = local_block(model(x))
-            weights = run.weights
             error = F.mse_loss(pred, y, reduction="sum") if weights is None else ((pred - y).square() * weights).sum()
-            loss = error / (run.count * len(indices))
+            loss = error / (run.count // t_out * pred.shape[-1] * len(indices))
         with clock("backward"):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -15,36 +15,47 @@ from drift.layout import reduction_mesh
 from drift.nn import FNO, NEURALOP_DEFAULTS, parallelize, resolve_methods
 from drift.train.checks import reduction_shape
 from drift.train.config import TrainConfig
+from drift.train.problem import problem_modes, problem_recipe
 from drift.train.sharding import Sharding
 
 
-def fno_options(config: TrainConfig) -> dict:
+def fno_options(config: TrainConfig, inputs: Sequence[str] = FIELDS, fields: Sequence[str] = FIELDS) -> dict:
     """The ``drift.nn.FNO`` arguments of ``config``'s model but its ``method``, ``dtype`` and ``device``:
-    the channels of the problem's inputs and outputs (``model_input``), ``--width``, ``--modes``,
-    ``--layers``, ``--factorization``, ``--rank``, and for ``--model neuralop`` neuraloperator's defaults
-    (``NEURALOP_DEFAULTS``). Plain values: ``FNO(**fno_options(config))`` builds it."""
-    fields = len(FIELDS)
+    the channels its recipe makes of the data's ``inputs`` and ``fields`` (``Recipe.channels``), ``--width``,
+    ``--modes``, ``--layers``, ``--factorization``, ``--rank``, and for ``--model neuralop``
+    neuraloperator's defaults (``NEURALOP_DEFAULTS``). ``config`` as ``resolve_problem`` made it; one not
+    resolved for data is the default problem's (3-D fields, one-shot). Plain values:
+    ``FNO(**fno_options(config))`` builds it."""
+    recipe = problem_recipe(config)
+    in_channels, out_channels = recipe.channels(len(inputs), len(fields), config.t_in)
     options = dict(
-        in_channels=fields * config.t_in + 1,
-        out_channels=fields,
+        in_channels=in_channels,
+        out_channels=out_channels,
         width=config.width,
-        modes=config.modes,
+        modes=problem_modes(config),
         n_layers=config.layers,
         factorization=config.factorization,
         rank=config.rank,
     )
+    if config.domain_padding is not None:
+        options["domain_padding"] = config.domain_padding
     return options | (dict(NEURALOP_DEFAULTS) if config.model == "neuralop" else {})
 
 
 def build_model(
-    config: TrainConfig, device, sharding: Sharding | None = None, global_shape: Sequence[int] | None = None
+    config: TrainConfig,
+    device,
+    sharding: Sharding | None = None,
+    global_shape: Sequence[int] | None = None,
+    channels: tuple[Sequence[str], Sequence[str]] = (FIELDS, FIELDS),
 ) -> FNO:
-    """The FNO for ``config``, its parameters drawn from ``torch.manual_seed(config.seed)`` (without
-    touching the caller's random state), parallelized over ``sharding``'s mesh when it has one.
-    ``global_shape``: the model's input extents (x, y, z, t_out), which ``--method auto`` chooses by."""
+    """The FNO for ``config`` and the data's ``channels`` (inputs, fields: ``fno_options``), its parameters
+    drawn from ``torch.manual_seed(config.seed)`` (without touching the caller's random state),
+    parallelized over ``sharding``'s mesh when it has one. ``global_shape``: the model's input extents
+    (the spatial ones, then ``t_out`` for a one-shot model), which ``--method auto`` chooses by."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = FNO(**fno_options(config), method=config.method, device=device)
+        model = FNO(**fno_options(config, *channels), method=config.method, device=device)
     if sharding is not None and sharding.mesh is not None:
         reduction = reduction_shape(config, sharding.mesh.size())
         if reduction is not None:

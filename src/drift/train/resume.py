@@ -21,12 +21,13 @@ from drift.checkpoint import (
     read_meta,
     usable_checkpoint,
 )
-from drift.data import PDEBenchFiles
+from drift.data import DataFiles
 from drift.train.config import (
     LEGACY_OPTIONS,
     META_KEYS,
     MODEL_OPTIONS,
     OPTIMIZER_OPTIONS,
+    UNSET,
     ConfigError,
     TrainConfig,
 )
@@ -44,16 +45,20 @@ def check_options(
     advice: str = "",
     names: Sequence[str] = (*MODEL_OPTIONS, *OPTIMIZER_OPTIONS),
 ) -> None:
-    """CheckpointError naming the first of ``names`` the checkpoint at ``path`` was trained with otherwise."""
+    """CheckpointError naming the first of ``names`` the checkpoint at ``path`` was trained with otherwise
+    (an option left unset, ``UNSET``, takes the checkpoint's)."""
     saved = saved_config(meta)
     for name in names:
+        if name in UNSET and getattr(config, name) == UNSET[name]:
+            continue
         option = f"--{name.replace('_', '-')}"
+        value = getattr(config, name)
+        if name == "modes" and value is not None and len(value) == 1 and name in saved:
+            value = value * len(saved[name])  # one count for every dim of the model
         if name not in saved:
             raise CheckpointError(f"{path}: the run was trained without {option} (by an older drift){advice}")
-        if json.loads(json.dumps(getattr(config, name))) != saved[name]:
-            raise CheckpointError(
-                f"{path}: {option} is {getattr(config, name)}, the run was trained with {saved[name]}{advice}"
-            )
+        if json.loads(json.dumps(value)) != saved[name]:
+            raise CheckpointError(f"{path}: {option} is {value}, the run was trained with {saved[name]}{advice}")
 
 
 def resumed_data(config: TrainConfig) -> TrainConfig:
@@ -67,19 +72,21 @@ def resumed_data(config: TrainConfig) -> TrainConfig:
         return config
     _, meta = resume_point(config)
     saved = meta["config"]
+    # Options left unset continue as the run resolved them for its data.
+    config = dataclasses.replace(config, **_unset_from(config, saved_config(meta)))
     trained_on = saved.get("data")
     # A run trained with a separate test set keeps it: its training set is every trajectory of its data.
     test_data = config.test_data or (tuple(saved["test_data"]) if saved.get("test_data") else None)
     if config.data is None:
         recorded = meta.get("files") or {}  # absent in checkpoints of older drift versions
-        changed = PDEBenchFiles.changed_since([*recorded.get("data", []), *(recorded.get("test_data") or [])])
+        changed = DataFiles.changed_since([*recorded.get("data", []), *(recorded.get("test_data") or [])])
         if changed is not None:
             raise ConfigError(
                 f"--resume: {changed}; the run numbered, split and normalised its data as they were: give "
                 "--data (and --test-data) to continue on the files as they are now"
             )
         return dataclasses.replace(config, data=as_data(trained_on), test_data=test_data)
-    grid = PDEBenchFiles(config.data).grid
+    grid = DataFiles(config.data).grid
     if grid != tuple(meta["global_shape"]):
         data = " ".join(map(str, config.data)) if isinstance(config.data, tuple) else config.data
         raise ConfigError(
@@ -87,6 +94,12 @@ def resumed_data(config: TrainConfig) -> TrainConfig:
             f"--data {data} has {grid} (train on it into another --out)"
         )
     return dataclasses.replace(config, test_data=test_data)
+
+
+def _unset_from(config: TrainConfig, saved: dict) -> dict:
+    """The values ``saved`` holds of ``config``'s options that are left unset (``UNSET``)."""
+    chosen = {name: saved[name] for name, unset in UNSET.items() if getattr(config, name) == unset and name in saved}
+    return {name: tuple(v) if isinstance(v, list) else v for name, v in chosen.items()}
 
 
 def as_data(recorded: str | Sequence[str] | None) -> str | tuple[str, ...] | None:

@@ -13,15 +13,19 @@ from pathlib import Path
 import torch
 
 from drift import comm
+from drift._moved import moved_names
 from drift._plan import resolve_device
 from drift.checkpoint import load_newest, mark_fresh
-from drift.data import FIELDS, PDEBench3D, PDEBenchFiles
+from drift.data import DataFiles, Trajectories
 from drift.jobs.stopping import STOPPED, StopSignals
 from drift.jobs.timeouts import PhaseTimeouts
 from drift.nn import FNO
+from drift.recipes import AUTOREGRESSIVE, Unroll
+from drift.train.checks import model_extents
 from drift.train.config import META_KEYS, TrainConfig, default_data_path
 from drift.train.epoch import EpochSums
 from drift.train.model import build_model, make_optimizer
+from drift.train.problem import resolve_problem
 from drift.train.resume import check_options
 from drift.train.sharding import Sharding, datasets, frame_weights, saved_stats
 
@@ -43,8 +47,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     history: list[dict]
     saved: dict | None
-    train_set: PDEBench3D
-    test_set: PDEBench3D
+    train_set: Trajectories
+    test_set: Trajectories
     weights: torch.Tensor | None
     last_checkpoint: float = 0.0
 
@@ -66,7 +70,17 @@ class Run:
     @property
     def count(self) -> int:
         """Elements per trajectory of the model's output."""
-        return math.prod(self.train_set.global_shape) * len(FIELDS) * self.config.t_out
+        return math.prod(self.train_set.global_shape) * len(self.train_set.fields) * self.train_set.t_out
+
+    def unroll(self, epoch: int, step: int) -> Unroll | None:
+        """How an autoregressive run unrolls at ``step`` of ``epoch``: ``--pushforward`` and ``--noise``,
+        the noise drawn from a generator seeded by the run's seed, the step and this rank (so a resumed run
+        draws what the uninterrupted one would on the same ranks); None for other recipes."""
+        config = self.config
+        if config.recipe != AUTOREGRESSIVE.name:
+            return None
+        generator = torch.Generator().manual_seed(hash((config.seed, epoch, step, comm.rank())) % 2**63)
+        return Unroll(config.pushforward, config.noise, generator)
 
     @property
     def every_s(self) -> float:
@@ -86,6 +100,7 @@ class Run:
             files=dict(data=self.train_set.files.record(), test_data=self.test_files()),
             stats=dataclasses.asdict(self.train_set.stats),
             global_shape=list(self.train_set.global_shape),
+            channels=dict(inputs=list(self.train_set.inputs), fields=list(self.train_set.fields)),
             history=self.history,
         )
         return record if sums is None else record | dict(partial=sums.saved())
@@ -99,9 +114,13 @@ def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> R
     device = resolve_device(config.device)
     rank, out = comm.rank(), Path(config.out)
     data = config.data if config.data is not None else str(default_data_path())
-    files = PDEBenchFiles(data)
-    sharding = Sharding.build(config, comm.world_size(), device.type)
-    model = build_model(config, device, sharding, (*files.grid, config.t_out))
+    files = DataFiles(data)
+    config = resolve_problem(config, files)
+    sharding = Sharding.build(config, comm.world_size(), device.type, len(files.grid))
+    channels = (files.inputs, files.fields)
+    model = build_model(config, device, sharding, model_extents(config, files.grid), channels)
+    if rank == 0 and not config.quiet:
+        print(f"drift train: {files.describe()}; recipe {config.recipe}", flush=True)
     if rank == 0 and not config.quiet and model.blocks[0].spectral.choice is not None:
         print(f"drift train: method {model.blocks[0].spectral.choice}", flush=True)
     optimizer = make_optimizer(config, model)
@@ -125,3 +144,6 @@ def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> R
     return Run(
         config, stop, timeouts, device, data, sharding, model, optimizer, history, saved, train_set, test_set, weights
     )
+
+
+__getattr__ = moved_names(__name__, {"drift.data": ("FIELDS",)})  # imported here at 0.2.0

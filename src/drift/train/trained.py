@@ -16,11 +16,11 @@ from drift._plan import resolve_device
 from drift.checkpoint import load_newest, read_meta
 from drift.data import Stats
 from drift.nn import FNO
-from drift.train.checks import check_resolution
+from drift.train.checks import check_resolution, model_extents
 from drift.train.config import META_KEYS, MODEL_OPTIONS, ConfigError, TrainConfig, config_from
 from drift.train.model import build_model
 from drift.train.resume import check_options, checkpoint_root, find_checkpoint, saved_config
-from drift.train.sharding import Sharding, saved_stats
+from drift.train.sharding import Sharding, saved_channels, saved_stats
 
 
 def trained_config(
@@ -93,15 +93,18 @@ class Trained:
 
 
 def load_trained(checkpoint: str | Path, config: TrainConfig, shape: Sequence[int] | None, device) -> Trained:
-    """``config``'s model (``trained_config``) for input grids of ``shape`` (x, y, z; None: no grid in view,
+    """``config``'s model (``trained_config``) for input grids of ``shape`` (spatial extents; None: no grid in view,
     which ``--method auto`` needs to choose), built on ``device``
     and parallelized over the mesh of ``config``'s rank layout, with the weights of the newest checkpoint
     under ``checkpoint`` that loads (``load_newest``: a damaged one is passed over, said on rank 0).
     Call on every rank of the default group (or alone); CheckpointError on every rank when the
     checkpoint's model options differ or none loads."""
     where = resolve_device(device)
-    sharding = Sharding.build(config, comm.world_size(), where.type)
-    model = build_model(config, where, sharding, None if shape is None else (*shape, config.t_out))
+    saved = read_meta(find_checkpoint(checkpoint), META_KEYS)
+    dims = len(saved["global_shape"])
+    sharding = Sharding.build(config, comm.world_size(), where.type, dims)
+    extents = None if shape is None else model_extents(config, shape)
+    model = build_model(config, where, sharding, extents, saved_channels(saved))
 
     def check(path: Path, meta: dict) -> None:
         check_options(config, path, meta, names=MODEL_OPTIONS)

@@ -1,0 +1,100 @@
+"""Every layout drift reads trains, evaluates and is refused by name from the command line: 1-D, 2-D and
+3-D data, static and time-dependent, each recipe, DRIFT and both baselines, on 4 ranks (slab, pencil,
+data x spatial) against the same run on 1 rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from runs import DEVICE, assert_same_metrics, fails_with_one_line, metric_rows
+
+from drift.cli import main
+from drift.data import write_synthetic
+
+TINY = ["--width", "6", "--layers", "2", "--epochs", "2", "--batch-size", "2", "--lr", "0.01", "--no-progress"]
+TINY += ["--device", DEVICE]
+
+# (name, layout, dims, resolution, drift train's options, the 4-rank layout)
+CASES = [
+    ("cfd-1d-one-shot", "cfd", 1, 24, ["--t-in", "2", "--t-out", "3", "--modes", "4,2"], ["--grid", "4"]),
+    (
+        "cfd-2d-autoregressive",
+        "cfd",
+        2,
+        12,
+        ["--recipe", "autoregressive", "--t-in", "2", "--t-out", "4", "--pushforward", "2", "--target", "increment"],
+        ["--grid", "2x2"],
+    ),
+    ("scalar-1d-autoregressive", "scalar", 1, 20, ["--recipe", "autoregressive", "--t-in", "3", "--t-out", "3"], []),
+    ("darcy-2d-static", "darcy", 2, 12, ["--method", "dfno"], ["--data-parallel", "2", "--grid", "2x1"]),
+    ("groups-2d-one-shot", "groups", 2, 12, ["--t-in", "2", "--t-out", "3"], ["--grid", "1x4"]),
+    ("well-3d-one-shot", "well", 3, 8, ["--t-in", "2", "--t-out", "2", "--modes", "2"], ["--grid", "2x2x1"]),
+    ("pt-2d-static", "pt", 2, 12, ["--method", "dfno-pruned"], []),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("problems")
+    made = {}
+    for name, layout, dims, resolution, *_ in CASES:
+        suffix = "pt" if layout == "pt" else "h5"
+        made[name] = write_synthetic(
+            folder / f"{name}.{suffix}", layout, samples=10, resolution=resolution, frames=6, dims=dims, seed=3
+        )
+    return made
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_each_layout_trains_on_four_ranks_as_on_one_and_evaluates(case, files, tmp_path, capsys):
+    name, _, _, _, options, layout = case
+    data = str(files[name])
+    runs = {}
+    for ranks, extra in ((1, []), (4, layout)):
+        out = tmp_path / f"p{ranks}"
+        argv = ["train", "--data", data, "--out", str(out), "--nproc", str(ranks), *TINY, *options, *extra]
+        assert main(argv) == 0, capsys.readouterr().err
+        runs[ranks] = out
+    printed = capsys.readouterr().out
+    assert "drift train: " in printed and "recipe " in printed  # what the data hold, said at the start
+    # Another rank count sums in another order, which training amplifies: 1e-5 (tests/runs.py).
+    assert_same_metrics(metric_rows(runs[4]), metric_rows(runs[1]), rtol=1e-5)
+    final = json.loads((runs[4] / "test_metrics.json").read_text())
+    frames = 1 if "static" in name else int(options[options.index("--t-out") + 1])
+    assert len(final["pdebench"]["per_frame"]["nrmse"]) == frames
+    assert (runs[4] / "slice.png").is_file() and (runs[4] / "rollout.png").is_file()
+    # drift evaluate on 2 ranks: the run's test metrics, as the run measured them.
+    report = tmp_path / "evaluation.json"
+    assert main(["evaluate", str(runs[4]), "--nproc", "2", "--json", str(report), "--device", DEVICE]) == 0
+    evaluated = json.loads(report.read_text())
+    assert abs(evaluated["test_rel_l2"] - final["test_rel_l2"]) <= 1e-5 * final["test_rel_l2"]
+    for key in ("nrmse", "rmse", "max_error"):
+        assert abs(evaluated["pdebench"][key] - final["pdebench"][key]) <= 1e-5 * final["pdebench"][key]
+
+
+def test_bad_input_is_one_line_before_any_rank(files, tmp_path, capsys):
+    cfd, darcy, scalar = (
+        str(files[n]) for n in ("cfd-2d-autoregressive", "darcy-2d-static", "scalar-1d-autoregressive")
+    )
+    unknown = tmp_path / "unknown.h5"
+    write_synthetic(unknown, "cfd", samples=2, resolution=8, frames=3, dims=2)
+    import h5py
+
+    with h5py.File(unknown, "a") as f:
+        del f["density"]
+    out = tmp_path / "run"
+    cases = [
+        (["--data", str(unknown)], str(unknown)),
+        (["--data", cfd, darcy], "differ"),
+        (["--data", cfd, "--t-in", "5", "--t-out", "4"], "--t-in + --t-out"),
+        (["--data", darcy, "--recipe", "autoregressive"], "--recipe autoregressive"),
+        (["--data", darcy, "--pushforward", "2"], "--pushforward"),
+        (["--data", cfd, "--grid", "2x1x1", "--nproc", "2"], "--grid 2x1x1"),
+        (["--data", scalar, "--modes", "4,4,4"], "--modes 4,4,4"),
+        (["--data", cfd, "--recipe", "static"], "--recipe static"),
+    ]
+    for args, named in cases:
+        fails_with_one_line(capsys, ["train", "--out", str(out), *TINY, *args], named)
+        assert not out.exists(), args  # nothing written to the run folder
