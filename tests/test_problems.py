@@ -94,7 +94,40 @@ def test_bad_input_is_one_line_before_any_rank(files, tmp_path, capsys):
         (["--data", cfd, "--grid", "2x1x1", "--nproc", "2"], "--grid 2x1x1"),
         (["--data", scalar, "--modes", "4,4,4"], "--modes 4,4,4"),
         (["--data", cfd, "--recipe", "static"], "--recipe static"),
+        (["--data", darcy, "--t-out", "3"], "--t-out applies to time-dependent data"),
     ]
     for args, named in cases:
         fails_with_one_line(capsys, ["train", "--out", str(out), *TINY, *args], named)
         assert not out.exists(), args  # nothing written to the run folder
+
+
+def test_open_boundaries_pad_the_model_by_default(files, tmp_path, capsys):
+    """The Well's non-periodic dims: the model's spectral convolutions zero-pad along them (0.125), the
+    run records it, and --domain-padding overrides it."""
+    import shutil
+
+    import h5py
+
+    path = tmp_path / "walls.h5"
+    shutil.copy(files["well-3d-one-shot"], path)
+    with h5py.File(path, "a") as f:
+        f["boundary_conditions/y_periodic"].attrs["bc_type"] = "WALL"
+    options = ["--data", str(path), *TINY, "--epochs", "1", "--t-in", "2", "--t-out", "2", "--modes", "2"]
+    for extra, padding in (([], [0.0, 0.125, 0.0, 0.0]), (["--domain-padding", "0.25"], [0.25] * 4)):
+        out = tmp_path / f"run{len(extra)}"
+        assert main(["train", "--out", str(out), *options, "--no-plots", *extra]) == 0, capsys.readouterr().err
+        meta = json.loads(next((out / "checkpoints").glob("epoch-0001/meta.json")).read_text())
+        assert meta["config"]["domain_padding"] == padding
+
+
+def test_an_autoregressive_run_resumes_as_it_would_have_gone_on(files, tmp_path, capsys):
+    data = str(files["cfd-2d-autoregressive"])
+    options = ["--data", data, *TINY, "--recipe", "autoregressive", "--t-in", "2", "--t-out", "3", "--no-plots"]
+    options += ["--pushforward", "2", "--noise", "0.01", "--schedule", "constant"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert main(["train", "--out", str(whole), *options, "--epochs", "3"]) == 0
+    assert main(["train", "--out", str(parts), *options, "--epochs", "2"]) == 0
+    # Resumed without the options that the run resolved for its data: the checkpoint's are used.
+    resumed = [a for a in options if a not in ("--recipe", "autoregressive")]
+    assert main(["train", "--out", str(parts), *resumed, "--epochs", "3", "--resume"]) == 0, capsys.readouterr().err
+    assert metric_rows(parts) == metric_rows(whole)  # one process computes both: the same bits

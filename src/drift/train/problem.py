@@ -14,6 +14,8 @@ from drift.train.config import ConfigError, TrainConfig
 # The default problem's modes (3-D data, one-shot: x, y, z, t), as drift train always trained it.
 DEFAULT_3D_MODES = (3, 3, 3, 4)
 SPATIAL_MODES, TIME_MODES = 12, 4  # the most modes a dim gets by default elsewhere (PDEBench's FNO: 12)
+# The options of time-dependent data, refused when a static problem is given other values than their defaults.
+FRAME_OPTIONS = [f for f in dataclasses.fields(TrainConfig) if f.name in ("t_in", "t_out")]
 WALL_PADDING = 0.125  # default padding along a non-periodic dim (neuraloperator's examples pad 0.125-0.25)
 
 
@@ -74,6 +76,10 @@ def resolve_problem(config: TrainConfig, files: DataFiles | None = None) -> Trai
         ]
         if given:
             raise ConfigError(f"{given[0]} applies to --recipe autoregressive, not {recipe}")
+    if recipe is STATIC:
+        given = [f"--{f.name.replace('_', '-')}" for f in FRAME_OPTIONS if getattr(config, f.name) != f.default]
+        if given:
+            raise ConfigError(f"{given[0]} applies to time-dependent data; {files.describe()} is a static problem")
     if config.grid is not None and len(config.grid) != len(files.grid):
         raise ConfigError(
             f"--grid {'x'.join(map(str, config.grid))}: {len(config.grid)} dims, the data have {len(files.grid)} "
