@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from runs import DEVICE, ROUND_OFF
+from runs import DEVICE, ROUND_OFF, fails_with_one_line
 
 from drift.cli import main
 from drift.data import DataFiles, write_synthetic
@@ -128,6 +128,14 @@ def test_predict_writes_the_source_layout_on_four_ranks_as_on_one(case, tmp_path
     _close(written[4], written[1], ROUND_OFF)  # another rank count sums in another order
     _check_layout(layout, Path(data), outputs[4], written[4], predictor.t_in, picked, stride)
     assert sorted(p.name for p in outputs[4].parent.iterdir()) == [outputs[4].name]  # no partial files
+    if layout == "pt":  # refused in one line before any rank starts, nothing written
+        other = str(write_synthetic(tmp_path / "darcy.h5", "darcy", samples=2, resolution=12))
+        refused = tmp_path / "refused.pt"
+        cases = [(["--data", other], "the model was trained on 2-D data of x -> y"), (["--grid", "2x1x1"], "--grid")]
+        for args, names in cases:
+            argv = ["predict", str(run), "--data", data, "--out", str(refused), "--nproc", "2", "--no-progress", *args]
+            fails_with_one_line(capsys, argv, names)
+            assert not refused.exists()
 
 
 def _check_layout(layout: str, source: Path, out: Path, predicted: np.ndarray, t_in: int, picked, stride: int) -> None:

@@ -10,7 +10,10 @@ from drift.predict.write import ATTRIBUTE, Plan, plan_prediction, predict
 
 __all__ = ["ATTRIBUTE", "TIMES", "Plan", "Predictor", "plan_prediction", "predict"]
 
-# drift's names the module drift.predict imported (0.1.0): their homes.
+# drift's names the module drift.predict imported (0.1.0): their homes. Source (PDEBench 3-D files and their
+# dtype) became the DataFiles of any layout that a Plan holds.
 __getattr__ = moved_names(
-    __name__, {"drift.data": ("FIELDS",), "drift.data.files": ("Data",), "drift.data.pdebench": ("COORDINATES",)}
+    __name__,
+    {"drift.data": ("FIELDS",), "drift.data.files": ("Data",), "drift.data.pdebench": ("COORDINATES",)},
+    renamed={"Source": "drift.data.files.DataFiles"},
 )
