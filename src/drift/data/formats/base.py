@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 
 from drift.data.pdebench import DataError
+
+if TYPE_CHECKING:
+    from drift.data.formats.output import Output, Prediction
 
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # the stored dtypes drift reads
 AXES = ("x", "y", "z")  # the spatial axes' names in shape texts
@@ -49,6 +52,14 @@ class Format:
     def title(self, dims: int) -> str:
         """The layout's name in a run's first line, for a file of ``dims`` spatial dims."""
         return f"{self.name}, {dims}-D"
+
+    def output(self, prediction: Prediction) -> Output:
+        """The file of this layout that ``prediction`` writes (``drift.data.formats.output``): for each output
+        trajectory the source's input frames then the predicted ones (a static problem: the inputs and the
+        predicted output), coordinates at the points read, times continued where the source has fewer, the
+        source's attributes. Reads the source's small arrays and attributes; DataError naming the file when
+        they do not give what the output needs."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)

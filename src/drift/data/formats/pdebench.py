@@ -9,6 +9,11 @@
 * per-sample groups (``PDEBenchGroups``, ``.h5``): one group per trajectory (``0000``, ``0001``, ..., the
   i-th in sorted order is trajectory i), each with ``data`` ``[time, x [, y], channels]`` and ``grid/x``
   [, ``grid/y``], ``grid/t``: channels "c0", "c1", ... (the files do not name them).
+
+A prediction's output (``output``) keeps the layout: CFD, scalar and Darcy files one dataset per channel
+with the source's coordinates at the points read and (CFD, scalar) its ``t-coordinate``'s first frames + 1
+entries; per-sample files one group per output trajectory (``0000``, ... in output order) with its source
+group's grid and times.
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ from drift.data.formats.base import (
     spatial_dims,
     static_block,
 )
+from drift.data.formats.output import Block, Output, Prediction, Write, copied_attrs
 from drift.data.pdebench import DataError, open_file
 
 COORDINATES = ("x-coordinate", "y-coordinate", "z-coordinate")
+TIMES = "t-coordinate"  # the frames' times: one more entry than frames in PDEBench's files
 VELOCITIES = ("Vx", "Vy", "Vz")
 SCALAR = "u"  # the one channel of a ``tensor`` file (PDEBench's papers call the solution u)
 
@@ -78,6 +85,9 @@ class PDEBenchCFD(Format):
     def read(self, handle: h5py.File, channel: str, trajectory: int, selection: tuple, out: np.ndarray) -> None:
         handle[channel].read_direct(out, (trajectory, *selection))
 
+    def output(self, prediction: Prediction) -> Output:
+        return _one_dataset_per_channel(prediction, {key: key for key in self.fields}, times=True)
+
 
 @dataclass(frozen=True)
 class PDEBenchScalar(Format):
@@ -100,6 +110,9 @@ class PDEBenchScalar(Format):
 
     def read(self, handle: h5py.File, channel: str, trajectory: int, selection: tuple, out: np.ndarray) -> None:
         handle["tensor"].read_direct(out, (trajectory, *selection))
+
+    def output(self, prediction: Prediction) -> Output:
+        return _one_dataset_per_channel(prediction, {SCALAR: "tensor"}, times=True)
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,31 @@ class PDEBenchDarcy(Format):
             handle["tensor"].read_direct(out, (trajectory, *selection))
         else:
             raise KeyError(channel)
+
+    def output(self, prediction: Prediction) -> Output:
+        return _one_dataset_per_channel(prediction, {"nu": "nu", SCALAR: "tensor"}, times=False)
+
+
+def _one_dataset_per_channel(prediction: Prediction, stored: dict[str, str], times: bool) -> Output:
+    """A PDEBench file holding each channel in dataset ``stored[channel]``, ``[batch, time, *grid]`` (or
+    ``[batch, *grid]`` where the source's has no time dim: Darcy's ``nu``), with the source's coordinates,
+    attributes and (``times``) its ``t-coordinate``."""
+    p, dims = prediction, len(prediction.grid)
+    with open_file(p.source) as f:
+        timed = {key: f[key].ndim == dims + 2 for key in stored.values()}
+        datasets = {key: ((p.count, *(p.frames,) * timed[key], *p.grid), f[key].dtype) for key in stored.values()}
+        arrays = {key: p.points(f[key][()]) for key in COORDINATES[:dims] if key in f}
+        if times and isinstance(f.get(TIMES), h5py.Dataset) and f[TIMES].ndim == 1:
+            arrays[TIMES] = p.times(f[TIMES][()], p.frames + 1, repr(TIMES))
+        attrs = {"": copied_attrs(f)}
+
+    def place(block: Block) -> list[Write]:
+        key = stored[block.channel]
+        if timed[key]:
+            return [(key, (block.trajectory, block.frames, *block.space), block.values)]
+        return [(key, (block.trajectory, *block.space), block.values[0])]
+
+    return Output(datasets, place, arrays, attrs)
 
 
 class Groups(NamedTuple):
@@ -186,3 +224,25 @@ class PDEBenchGroups(Format):
         if channel[:1] != "c" or not channel[1:].isdigit():
             raise KeyError(channel)
         handle.file[handle.names[trajectory]]["data"].read_direct(out, (*selection, int(channel[1:])))
+
+    def output(self, prediction: Prediction) -> Output:
+        p, axes = prediction, spatial_axes(len(prediction.grid))
+        names = [f"{i:0{max(4, len(str(p.count - 1)))}d}" for i in range(p.count)]  # sorted as numbered
+        datasets, arrays, attrs = {}, {}, {}
+        with p.opened() as located:
+            attrs[""] = copied_attrs(located[0][0])
+            for name, (f, local) in zip(names, located, strict=True):
+                group = f[sorted(f.keys())[local]]
+                datasets[f"{name}/data"] = ((p.frames, *p.grid, group["data"].shape[-1]), group["data"].dtype)
+                for axis in axes:
+                    arrays[f"{name}/grid/{axis}"] = p.points(group["grid"][axis][()])
+                if isinstance(group["grid"].get("t"), h5py.Dataset):
+                    arrays[f"{name}/grid/t"] = p.times(group["grid/t"][()], p.frames, f"{group.name}/grid/t")
+                if group.attrs:
+                    attrs[name] = copied_attrs(group)
+
+        def place(block: Block) -> list[Write]:
+            selection = (block.frames, *block.space, int(block.channel[1:]))
+            return [(f"{names[block.trajectory]}/data", selection, block.values)]
+
+        return Output(datasets, place, arrays, attrs)

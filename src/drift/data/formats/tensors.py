@@ -9,19 +9,28 @@ neuraloperator's darcy files: ``x`` and ``y`` ``(N, 16, 16)``; its ``PTDataset``
 Where that rule misreads a file (``x`` and ``y`` with as many channels, e.g. ``(N, 2, 16, 16)`` both,
 read as a 2 x 16 x 16 grid), an int entry ``spatial_dims`` in the dict says how many dims are spatial.
 Channels: "x" and "y" for one channel, else "x0", "x1", ... and "y0", ...
+
+A prediction's output (``output``) is such a file: ``x`` the inputs read, ``y`` the predicted outputs, with
+the source's shapes (at the points read) and dtypes, its ``spatial_dims`` entry if it has one, and the
+prediction's record (a str entry). Its blocks are gathered to rank 0, which saves it (``TensorWriter``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from drift import comm
 from drift.data.formats.base import FileLayout, Format, static_block
+from drift.data.formats.output import Block, Output, OutputWriter, Prediction, Write
 from drift.data.pdebench import DataError
+from drift.data.writer import _agreed, _attempt
 
 SUFFIXES = (".pt", ".pth")
 KEYS = ("x", "y")  # the input's and the output's
@@ -98,3 +107,48 @@ class TensorDictionary(Format):
         if sample.ndim > dims:  # the channel dim
             sample = sample[int(channel[1:] or 0)]
         np.copyto(static_block(selection, out), sample[selection[1:]].numpy())
+
+    def output(self, prediction: Prediction) -> Output:
+        p, data = prediction, self.open(prediction.source)
+        dims = len(p.grid)
+        datasets = {key: ((p.count, *data[key].shape[1:-dims], *p.grid), DTYPES[data[key].dtype]) for key in KEYS}
+        arrays = {key: data[key] for key in ("spatial_dims",) if key in data}
+
+        def place(block: Block) -> list[Write]:
+            key = block.channel[:1]
+            channel = (int(block.channel[1:] or 0),) if len(datasets[key][0]) == dims + 2 else ()
+            return [(key, (block.trajectory, *channel, *block.space), block.values[0])]
+
+        return Output(datasets, place, arrays, writer=TensorWriter)
+
+
+class TensorWriter(OutputWriter):
+    """A tensor dictionary written by every rank: each ``put``'s blocks are gathered to rank 0, which holds
+    the whole output (the files are small) and saves it (``torch.save``) under the temporary name at
+    ``commit``, before the rename."""
+
+    entries: dict
+
+    @classmethod
+    def start(cls, path: Path, output: Output, attrs: dict[str, dict], replace: bool) -> TensorWriter:
+        name = comm.broadcast_object(f"{path.name}.{socket.gethostname()}-{os.getpid()}.partial")
+        writer = cls(path, path.with_name(name), replace)
+        writer.place = output.place
+        held = {key: np.empty(shape, dtype) for key, (shape, dtype) in output.datasets.items()}
+        writer.entries = {**attrs.get("", {}), **output.arrays, **held} if comm.rank() == 0 else {}
+        return writer
+
+    def put(self, blocks: Sequence[Block]) -> None:
+        writes = comm.all_gather_object([w for block in blocks for w in self.place(block)])
+        if comm.rank() == 0:
+            for key, selection, values in (w for ranks in writes for w in ranks):
+                self.entries[key][selection] = values
+
+    def commit(self) -> None:
+        def save() -> None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            entries = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in self.entries.items()}
+            torch.save(entries, self.temp)
+
+        self._check(_agreed(_attempt(save) if comm.rank() == 0 else None))
+        super().commit()

@@ -13,6 +13,13 @@ names, in C order). The time-varying channels come first, then the constant ones
 read into every frame asked for); a field shared by every trajectory is read for each. Fields constant
 along a spatial dim and non-uniform grids are refused; non-periodic boundaries are recorded
 (``FileLayout.periodic``).
+
+A prediction's output (``output``) is a file of The Well that its ``WellDataset`` reads: the source's
+attributes (``n_trajectories`` the output's), groups and their attributes; each time-varying field
+``[trajectory, time, *grid, *components]`` (``sample_varying`` then, whatever the source's), each constant
+field copied from the source's input frame (per output trajectory where it varies by trajectory); the
+spatial coordinates and boundary masks at the points read, the times the source's first ones (continued at
+its spacing where it has fewer), the scalars of the trajectories predicted.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import h5py
 import numpy as np
 
 from drift.data.formats.base import FileLayout, Format, check_float, extent, hdf5_matches
+from drift.data.formats.output import Block, Output, Prediction, Write, copied_attrs
 from drift.data.pdebench import DataError, open_file
 
 GROUPS = ("t0_fields", "t1_fields", "t2_fields")  # by tensor order
@@ -127,6 +135,67 @@ class TheWell(Format):
         else:
             d.read_direct(out[0], (*index, *selection[1:], *c.component))
             out[1:] = out[0]
+
+    def output(self, prediction: Prediction) -> Output:
+        p = prediction
+        datasets, arrays = {}, {}
+        with p.opened() as located:
+            f = located[0][0]
+            channels = _channels(f)
+            attrs = {"": copied_attrs(f, n_trajectories=p.count)}
+            for order, name, d in _datasets(f):
+                key, varying = f"{GROUPS[order]}/{name}", bool(d.attrs["time_varying"])
+                leading = (p.count, p.frames) if varying else (p.count,) * bool(d.attrs["sample_varying"])
+                datasets[key] = ((*leading, *p.grid, *(len(p.grid),) * order), d.dtype)
+                attrs[key] = copied_attrs(d, sample_varying=varying or bool(d.attrs["sample_varying"]))
+            for group in (*GROUPS, "scalars", "boundary_conditions"):
+                if group in f:
+                    attrs[group] = copied_attrs(f[group])
+            _dimensions(p, f, arrays, attrs)
+            for name, bc in f.get("boundary_conditions", {}).items():
+                attrs[f"boundary_conditions/{name}"] = copied_attrs(bc)
+                for key, d in bc.items():  # a mask marks the boundary's points: at the points read
+                    arrays[f"boundary_conditions/{name}/{key}"] = p.points(d[()]) if key == "mask" else d[()]
+            _scalars(p, located, arrays, attrs)
+
+        def place(block: Block) -> list[Write]:
+            c = channels[block.channel]
+            if c.time_varying:
+                return [(c.key, (block.trajectory, block.frames, *block.space, *c.component), block.values)]
+            if block.frames.start:  # a constant field's predicted frames: the file keeps the source's field
+                return []
+            index = (block.trajectory,) if c.sample_varying else ()
+            return [(c.key, (*index, *block.space, *c.component), block.values[0])]
+
+        return Output(datasets, place, arrays, attrs)
+
+
+def _dimensions(p: Prediction, f: h5py.File, arrays: dict, attrs: dict) -> None:
+    """The output's ``dimensions``: each spatial coordinate (the first trajectory's, at the points read)
+    and the times, shared by every trajectory."""
+    dims = f["dimensions"]
+    attrs["dimensions"] = copied_attrs(dims)
+    for axis in _names(dims.attrs["spatial_dims"]):
+        arrays[f"dimensions/{axis}"] = p.points(np.reshape(dims[axis][()], (-1, dims[axis].shape[-1]))[0])
+        attrs[f"dimensions/{axis}"] = copied_attrs(dims[axis], sample_varying=False)
+    time = np.reshape(dims["time"][()], (-1, dims["time"].shape[-1]))[0]
+    arrays["dimensions/time"] = p.times(time, p.frames, "'dimensions/time'")
+    attrs["dimensions/time"] = copied_attrs(dims["time"], sample_varying=False)
+
+
+def _scalars(p: Prediction, located: list[tuple[h5py.File, int]], arrays: dict, attrs: dict) -> None:
+    """The output's ``scalars``: each the predicted trajectories' where it varies by trajectory, its first
+    frames where it varies in time (the last repeated where the source has fewer)."""
+    if "scalars" not in located[0][0]:
+        return
+    for name in _names(located[0][0]["scalars"].attrs.get("field_names", [])):
+        key = f"scalars/{name}"
+        d = located[0][0][key]
+        values = np.stack([f[key][local] for f, local in located]) if d.attrs["sample_varying"] else d[()]
+        if d.attrs["time_varying"]:
+            values = values[..., np.minimum(np.arange(p.frames), values.shape[-1] - 1)]
+        arrays[key] = values
+        attrs[key] = copied_attrs(d)
 
 
 def _space(f: h5py.File, path: Path) -> tuple[list[str], tuple[int, ...], tuple[float, ...]]:
