@@ -209,20 +209,20 @@ def _predict_failing_on(rank: int, run: str, data: str, out: str) -> dict:
     from drift import comm
     from drift.data import writer
 
-    opened = writer._opened
+    opened = writer.opened
 
     def full(path, create=False):
         if not create and comm.rank() == rank:
             raise OSError(errno.ENOSPC, "No space left on device")
         return opened(path, create)
 
-    writer._opened = full
+    writer.opened = full
     try:
         return _predict(run, data, out, dict(force=True))
     except writer.OutputError as exc:
         return str(exc)
     finally:
-        writer._opened = opened
+        writer.opened = opened
 
 
 def test_a_write_error_leaves_no_output(ranks, run, data, tmp_path):

@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_train(commands) -> None:
     train = commands.add_parser(
         "train",
-        help="train a distributed 3D+time FNO on PDEBench-layout Navier-Stokes data",
+        help="train a distributed FNO on 1-D, 2-D or 3-D data of any layout drift reads (default: generated 3D "
+        "compressible Navier-Stokes)",
         description="Adam(W) + MSE; test relative L2 every epoch; a sharded checkpoint per epoch. Runs alone "
         "(--nproc N starts N local ranks) or under torchrun --nproc-per-node N -m drift train.",
     )
@@ -163,10 +164,10 @@ def _add_trained_layout(parser: argparse.ArgumentParser) -> None:
 def _add_predict(commands) -> None:
     pr = commands.add_parser(
         "predict",
-        help="write a trained model's predictions for the trajectories of PDEBench-layout files, in that layout",
-        description="For each trajectory: the file's first t_in frames, copied, then the t_out frames the model "
-        "predicts from them, de-normalised; on any number of ranks, each reading and writing only its block "
-        "(they write in turn into one file, renamed into place at the end).",
+        help="write a trained model's predictions for the trajectories of data files, in the files' layout",
+        description="For each trajectory: the file's first t_in frames (a static problem's inputs), copied, then "
+        "the frames the model predicts from them, de-normalised; on any number of ranks, each reading and writing "
+        "only its block (into one file, renamed into place at the end).",
     )
     pr.add_argument("checkpoint", metavar="RUN", help="a run folder (its latest checkpoint) or one checkpoint folder")
     pr.add_argument(
@@ -174,10 +175,10 @@ def _add_predict(commands) -> None:
         required=True,
         nargs="+",
         metavar="FILE",
-        help="PDEBench-layout HDF5 files or folders of them with at least t_in frames, their trajectories "
-        "numbered across them in the order given (as drift train's)",
+        help="data files of any layout drift reads (HDF5 or .pt) or folders of them with at least t_in frames, "
+        "their trajectories numbered across them in the order given (as drift train's)",
     )
-    pr.add_argument("--out", required=True, help="the HDF5 file to write")
+    pr.add_argument("--out", required=True, help="the file to write (in the source's layout)")
     pr.add_argument(
         "--trajectories",
         type=indices,

@@ -49,7 +49,7 @@ def write_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
-def _attempt(fn: Callable[[], None]) -> str | None:
+def attempt(fn: Callable[[], None]) -> str | None:
     """Call ``fn()``: None, or what it raised, in a few words."""
     try:
         fn()
@@ -58,12 +58,12 @@ def _attempt(fn: Callable[[], None]) -> str | None:
     return None
 
 
-def _agreed(failure: str | None) -> tuple[int, str] | None:
+def agreed(failure: str | None) -> tuple[int, str] | None:
     """The lowest rank that failed and its failure, the same on every rank (None when no rank did)."""
     return next(((r, f) for r, f in enumerate(comm.all_gather_object(failure)) if f is not None), None)
 
 
-def _opened(path: Path, create: bool = False) -> h5py.File:
+def opened(path: Path, create: bool = False) -> h5py.File:
     """``path`` opened for writing (``create``: a new file, which must not exist) with HDF5's sieve buffer
     off, so that a raw-data write that fails raises in that call."""
     access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
@@ -106,7 +106,7 @@ class TurnWriter:
             dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
             dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
             dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-            with _opened(writer.temp, create=True) as f:
+            with opened(writer.temp, create=True) as f:
                 f.attrs.update(attrs)
                 for key, values in arrays.items():  # first: the small arrays and the metadata at the front
                     f.create_dataset(key, data=values)
@@ -114,9 +114,9 @@ class TurnWriter:
                 for key, (shape, dtype) in datasets.items():
                     f.create_dataset(key, shape=tuple(shape), dtype=dtype, dcpl=dcpl)
 
-        made = _agreed(_attempt(make) if comm.rank() == 0 else None)
-        writer._check(made)
-        unseen = _agreed(None if writer.temp.is_file() else f"does not see {writer.temp}")
+        made = agreed(attempt(make) if comm.rank() == 0 else None)
+        writer.check(made)
+        unseen = agreed(None if writer.temp.is_file() else f"does not see {writer.temp}")
         if unseen is not None:
             writer.abort()
             raise OutputError(
@@ -130,7 +130,7 @@ class TurnWriter:
         turn. OutputError on every rank (the temporary file removed) when a write fails on any rank."""
 
         def put() -> None:
-            with _opened(self.temp) as f:
+            with opened(self.temp) as f:
                 for key, selection, values in blocks:
                     f[key][selection] = values
                 f.flush()
@@ -138,10 +138,10 @@ class TurnWriter:
         failure = None
         for turn in range(comm.world_size()):
             if turn == comm.rank() and blocks:
-                failure = _attempt(put)
+                failure = attempt(put)
             if turn < comm.world_size() - 1:
                 comm.barrier()
-        self._check(_agreed(failure))
+        self.check(agreed(failure))
 
     def commit(self) -> None:
         """Every rank, after the last ``write``: rank 0 puts the file on disk (fsync) and renames it to its
@@ -155,9 +155,9 @@ class TurnWriter:
                 os.fsync(f.fileno())
             os.replace(self.temp, self.path)
 
-        self._check(_agreed(_attempt(publish) if comm.rank() == 0 else None))
+        self.check(agreed(attempt(publish) if comm.rank() == 0 else None))
 
-    def _check(self, failure: tuple[int, str] | None) -> None:
+    def check(self, failure: tuple[int, str] | None) -> None:
         if failure is not None:
             self.abort()
             rank, why = failure

@@ -22,7 +22,7 @@ import numpy as np
 
 from drift import comm
 from drift.data.pdebench import DataError, open_file
-from drift.data.writer import TurnWriter, _agreed, _attempt, _opened
+from drift.data.writer import TurnWriter, agreed, attempt, opened
 
 if TYPE_CHECKING:
     from drift.data.files import DataFiles
@@ -147,12 +147,12 @@ class HDF5Writer(OutputWriter):
         rest = {key: values for key, values in attrs.items() if key}
 
         def annotate() -> None:
-            with _opened(writer.temp) as f:
+            with opened(writer.temp) as f:
                 for key, values in rest.items():
                     (f[key] if key in f else f.require_group(key)).attrs.update(values)
                 f.flush()
 
-        writer._check(_agreed(_attempt(annotate) if comm.rank() == 0 and rest else None))
+        writer.check(agreed(attempt(annotate) if comm.rank() == 0 and rest else None))
         return writer
 
     def put(self, blocks: Sequence[Block]) -> None:

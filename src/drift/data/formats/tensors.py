@@ -30,7 +30,7 @@ from drift import comm
 from drift.data.formats.base import FileLayout, Format, static_block
 from drift.data.formats.output import Block, Output, OutputWriter, Prediction, Write
 from drift.data.pdebench import DataError
-from drift.data.writer import _agreed, _attempt
+from drift.data.writer import agreed, attempt
 
 SUFFIXES = (".pt", ".pth")
 KEYS = ("x", "y")  # the input's and the output's
@@ -150,5 +150,5 @@ class TensorWriter(OutputWriter):
             entries = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in self.entries.items()}
             torch.save(entries, self.temp)
 
-        self._check(_agreed(_attempt(save) if comm.rank() == 0 else None))
+        self.check(agreed(attempt(save) if comm.rank() == 0 else None))
         super().commit()
