@@ -22,7 +22,7 @@ it is solved in, nor on the ranks.
 Distributed: ``DistributedFFT`` (r2c) over a slab of rows: each rank holds its rows of the physical field
 and all k_x of its share of k_y of the spectrum, and forms the products on its rows. A recorded frame at
 another resolution is the solve's spectrum truncated (a coarser grid) or zero-padded (``fourier_interpolate``:
-a finer one) to that grid's band, through the kept modes alone.
+a finer one) to that grid's band; only the band's k_x rows cross between ranks.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ CFL_LIMIT = 1.0
 # for ever more steps).
 BLOWUP = 10.0
 CONTOUR_POINTS = 32  # on the upper half circle: the coefficients to round-off for real, negative h L
-CACHED_STEPS = 64  # coefficient sets kept per solver (one per step count a record interval takes)
+CACHED_STEPS = 64  # coefficient sets kept per solver (one per step size the record intervals take)
 
 
 def li_forcing(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -118,7 +118,7 @@ class VorticitySolver:
         x, y = self.points(n)
         f = _forcing(forcing)
         self.forcing = self.plan.forward(f(x, y).to(real).to(device)) if f else torch.zeros_like(self.ddx)
-        self._coefficients: dict[int, tuple] = {}
+        self._coefficients: dict[float, tuple] = {}  # by step: the few a run's intervals take
 
     def rows(self, n: int) -> slice:
         """This rank's rows of the ``n`` x ``n`` grid (it holds every column)."""
@@ -208,26 +208,22 @@ class VorticitySolver:
         c_ = e2 * a + q * (2 * nb - nw)
         return e * w + f1 * nw + 2 * f2 * (na + nb) + f3 * self.tendency(c_)
 
-    def _cached(self, span: float, steps: int) -> tuple[torch.Tensor, ...]:
-        if steps not in self._coefficients:
+    def _cached(self, dt: float) -> tuple[torch.Tensor, ...]:
+        if dt not in self._coefficients:
             if len(self._coefficients) >= CACHED_STEPS:
                 self._coefficients.clear()
-            self._coefficients[steps] = self.coefficients(span / steps if steps else 0.0)
-        return self._coefficients[steps]
+            self._coefficients[dt] = self.coefficients(dt)
+        return self._coefficients[dt]
 
     def advance(self, w: torch.Tensor, span: float, steps: Sequence[int]) -> torch.Tensor:
         """Each trajectory ``b`` of ``w`` advanced by time ``span`` in ``steps[b]`` equal steps (the ones
-        done first take identity steps while the others go on). The coefficients of a step count are
-        cached, for one ``span`` at a time."""
-        if getattr(self, "_span", None) != span:
-            self._coefficients.clear()
-            self._span = span
+        done first take identity steps while the others go on)."""
         c, active = None, None
         for j in range(max(steps)):
-            now = tuple(s if j < s else 0 for s in steps)
+            now = tuple(span / s if j < s else 0.0 for s in steps)
             if now != active:
                 active = now
-                sets = [self._cached(span, s) for s in now]
+                sets = [self._cached(dt) for dt in now]
                 c = sets[0] if len(set(now)) == 1 else [torch.stack(k) for k in zip(*sets, strict=True)]
             w = self.step(w, c)
         return w
@@ -235,8 +231,8 @@ class VorticitySolver:
     def record(self, w: torch.Tensor, n: int) -> torch.Tensor:
         """This rank's rows (``points(n)``) of the fields at ``n`` x ``n``: ``w`` itself at the solve's
         ``n``; else its spectrum truncated (``n`` coarser) or zero-padded (``n`` finer: Fourier
-        interpolation) to the band ``|k| < min(n, self.n) / 2`` of each dim, which only those modes cross
-        between ranks to reach."""
+        interpolation) to the band ``|k| < min(n, self.n) / 2`` of each dim (``fourier_interpolate``'s).
+        Only the band's k_x rows of the spectrum cross between ranks (one all-gather)."""
         if n == self.n:
             return self.plan.inverse(w)
         keep = min(n, self.n)
