@@ -226,3 +226,25 @@ def test_mat_v73_reads_in_matlab_order(tmp_path):
         assert mat.keys() == ["a", "u"] and mat.shape("u") == (3, 4, 5, 6)
         assert np.array_equal(mat.read("u", 1, 3), u[1:3]) and np.array_equal(mat.read("a"), u[..., 0])
         assert np.array_equal(mat.frames(0, 2), np.moveaxis(u[:2], -1, 1))
+
+
+def test_drift_generate_problem_ns2d_on_two_ranks(tmp_path, capsys):
+    """The command: the grid split over 2 ranks, the file drift trains on; bad arguments refused in one line
+    before any rank starts, an existing output kept."""
+    from drift.cli import main
+
+    out = tmp_path / "ns.h5"
+    argv = ["generate", "--problem", "ns2d", "--samples", "2", "--resolution", "16", "--solve-resolution", "32"]
+    argv += ["--frames", "3", "--out", str(out)]
+    assert main([*argv, "--nproc", "2"]) == 0, capsys.readouterr().err
+    assert detect(out).name == "PDEBench scalar"
+    with h5py.File(out) as f:
+        assert f["tensor"].shape == (2, 3, 16, 16) and f.attrs["solve resolution"] == 32
+        written = f["tensor"][:]
+    assert main([*argv, "--force"]) == 0  # one rank: the same trajectories, to round-off (another process)
+    with h5py.File(out) as f:
+        assert np.abs(f["tensor"][:] - written).max() <= 1e-6 * np.abs(written).max()
+    for extra, named in ((["--force", "--solve-resolution", "30"], "solve resolution 30"), ([], "exists")):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert named in err and len(err.strip().splitlines()) == 1, err

@@ -29,8 +29,19 @@ def _generate(args: argparse.Namespace) -> int:
     if args.layout is not None:
         names = ("samples", "resolution", "frames", "dims", "seed")
         return jobs.generate_layout(args.out, args.layout, **{name: getattr(args, name) for name in names})
-    names = ("samples", "resolution", "frames", "t_end", "mach", "eta", "zeta", "seed", "device", "progress")
-    return jobs.generate(args.out, **{name: getattr(args, name) for name in names})
+    defaults = PROBLEM_DEFAULTS[args.problem]
+    sized = {name: getattr(args, name) or value for name, value in defaults.items()}
+    if args.problem == "ns2d":
+        names = ("samples", "solve_resolution", "viscosity", "forcing", "record_every", "initial", "seed", "dt")
+        names += ("cfl", "batch", "progress")
+        options = {name: getattr(args, name) for name in names} | sized
+        return jobs.generate_ns2d(args.out, nproc=args.nproc, float32=args.float32, force=args.force, **options)
+    names = ("samples", "t_end", "mach", "eta", "zeta", "seed", "device", "progress")
+    return jobs.generate(args.out, **{name: getattr(args, name) for name in names} | sized)
+
+
+# drift generate's problems and the grid and frames each writes by default.
+PROBLEM_DEFAULTS = {"cfd3d": dict(resolution=32, frames=21), "ns2d": dict(resolution=64, frames=50)}
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -64,12 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=lambda _args: jobs.info())
     gen = commands.add_parser(
         "generate",
-        help="write PDEBench-layout 3D compressible Navier-Stokes trajectories from random initial data, or a "
-        "small synthetic file of any layout drift reads (--layout)",
-        description="Finite-volume solver (MUSCL + Rusanov, SSP-RK2) on the periodic unit cube, gamma = 5/3; "
-        "with --layout, fields that follow a known linear map (drift.data.write_synthetic).",
+        help="write trajectories of a PDE from random initial data (3D compressible or Li et al.'s 2-D "
+        "incompressible Navier-Stokes), or a small synthetic file of any layout drift reads (--layout)",
+        description="--problem cfd3d: finite volumes (MUSCL + Rusanov, SSP-RK2) on the periodic unit cube, gamma "
+        "= 5/3, PDEBench's 3D CFD layout. --problem ns2d: Li et al.'s vorticity equation on the periodic unit "
+        "square, pseudo-spectral (2/3 dealiasing, ETDRK4), solved on --nproc ranks, PDEBench's scalar layout "
+        "(drift.data.ns2d). --layout: fields that follow a known linear map (drift.data.write_synthetic).",
     )
     gen.add_argument("--out", default="data/3D_CFD_generated.hdf5", help="output file")
+    gen.add_argument("--problem", choices=tuple(PROBLEM_DEFAULTS), default="cfd3d", help="the PDE solved")
     gen.add_argument(
         "--layout",
         choices=LAYOUTS,
@@ -78,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--dims", type=positive(int), default=2, help="with --layout: spatial dims (1 to 3)")
     gen.add_argument("--samples", type=positive(int), default=4)
-    gen.add_argument("--resolution", type=positive(int), default=32, help="cells per dim")
-    gen.add_argument("--frames", type=positive(int), default=21, help="saved frames, t = 0 included")
+    gen.add_argument("--resolution", type=positive(int), help="points per dim (default: cfd3d 32, ns2d 64)")
+    gen.add_argument(
+        "--frames", type=positive(int), help="saved frames (cfd3d: t = 0 included, default 21; ns2d: default 50)"
+    )
     gen.add_argument("--t-end", type=positive(float), default=1.0)
     gen.add_argument("--mach", type=positive(float), default=1.0)
     gen.add_argument("--eta", type=float, default=1e-8, help="shear viscosity")
@@ -88,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--device", choices=DEVICES, default="cpu", help="where the solver runs (the same data to round-off)"
     )
+    ns = gen.add_argument_group("--problem ns2d")
+    ns.add_argument("--solve-resolution", type=positive(int), default=256, help="the solve's points per dim")
+    ns.add_argument("--viscosity", type=positive(float), default=1e-3)
+    ns.add_argument(
+        "--forcing", choices=("li", "none"), default="li", help="0.1 (sin 2pi(x+y) + cos 2pi(x+y)), or none"
+    )
+    ns.add_argument("--record-every", type=positive(float), default=1.0, help="time units between frames")
+    ns.add_argument("--initial", action="store_true", help="frame 0 is the initial field (else t = 1, 2, ...)")
+    ns.add_argument("--dt", type=positive(float), help="a fixed time step (default: per interval from --cfl)")
+    ns.add_argument("--cfl", type=positive(float), default=0.5)
+    ns.add_argument("--batch", type=positive(int), default=8, help="trajectories solved together")
+    ns.add_argument("--float32", action="store_true", help="solve in float32 (default float64)")
+    ns.add_argument("--nproc", type=positive(int), default=1, help="ranks the grid is split over")
+    ns.add_argument("--force", action="store_true", help="replace --out if it exists")
     _add_progress(gen)
     gen.set_defaults(run=_generate)
     _add_train(commands)

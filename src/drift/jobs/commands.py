@@ -73,6 +73,37 @@ def generate_layout(out: str, layout: str, **options: Any) -> int:
     return 0
 
 
+def generate_ns2d(out: str, *, nproc: int, float32: bool, force: bool, **options: Any) -> int:
+    """``drift generate --problem ns2d``: ``drift.data.ns2d.generate_ns2d`` on ``nproc`` local ranks (the
+    grid split over them), then ``wrote <out>`` and what the solve did."""
+    from drift.data.ns2d import check_arguments
+    from drift.data.writer import OutputError
+    from drift.jobs.launch import RankError
+
+    if not force and os.path.exists(out):
+        return fail("generate", f"--out {out} exists: pass --force to replace it")
+    checked = ("samples", "resolution", "solve_resolution", "viscosity", "record_every", "frames", "dt", "cfl")
+    try:  # before any rank starts
+        check_arguments(ranks=nproc, forcing=options["forcing"], **{name: options[name] for name in checked})
+    except ValueError as exc:
+        return fail("generate", str(exc))
+    options |= dict(dtype=torch.float32 if float32 else torch.float64, replace=force)
+    call = (_solve_ns2d, dict(path=out, device="cpu", options=options))
+    try:
+        attrs = _on_ranks(nproc, _in_group, call, "cpu")
+    except (RankError, ValueError, FloatingPointError, OutputError) as exc:
+        return fail("generate", str(exc))
+    print(f"wrote {out}: {attrs['scheme']}, time step {attrs['time step']}")
+    return 0
+
+
+def _solve_ns2d(path: str, device: str, options: dict) -> dict:
+    """One rank of ``generate_ns2d``: its attributes."""
+    from drift.data.ns2d import generate_ns2d
+
+    return generate_ns2d(path, **options)
+
+
 def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool: bool = False) -> Any:
     """Rank 0's ``fn(arg)``: called here for one rank (unless ``pool``), else on ``nproc`` fresh local
     ranks on ``device``."""
