@@ -28,10 +28,17 @@ CASES = [
         ["--grid", "2x2"],
     ),
     ("scalar-1d-autoregressive", "scalar", 1, 20, ["--recipe", "autoregressive", "--t-in", "3", "--t-out", "3"], []),
-    ("darcy-2d-static", "darcy", 2, 12, ["--method", "dfno"], ["--data-parallel", "2", "--grid", "2x1"]),
+    (
+        "darcy-2d-static",
+        "darcy",
+        2,
+        12,
+        ["--method", "dfno", "--loss", "relative-l2"],
+        ["--data-parallel", "2", "--grid", "2x1"],
+    ),
     ("groups-2d-one-shot", "groups", 2, 12, ["--t-in", "2", "--t-out", "3"], ["--grid", "1x4"]),
     ("well-3d-one-shot", "well", 3, 8, ["--t-in", "2", "--t-out", "2", "--modes", "2"], ["--grid", "2x2x1"]),
-    ("pt-2d-static", "pt", 2, 12, ["--method", "dfno-pruned"], []),
+    ("pt-2d-static", "pt", 2, 12, ["--method", "dfno-pruned", "--loss", "relative-l2"], []),
 ]
 
 

@@ -127,3 +127,18 @@ def test_channels_and_dims_per_recipe():
     assert recipe_named("autoregressive", "increment").increments
     with pytest.raises(ValueError, match="recipe must be one of"):
         recipe_named("teacher-forcing")
+
+
+def test_the_relative_l2_loss_has_the_global_losss_value_and_gradient():
+    """One rank holding every trajectory whole: its loss is the batch's mean relative L2, its gradient that
+    of the formula (the multi-rank case is tests/test_problems.py's, against one rank)."""
+    from drift.train.losses import relative_l2
+
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(3, 2, 5, 4, generator=g, dtype=torch.float64)
+    pred = (y + 0.3 * torch.randn(y.shape, generator=g, dtype=torch.float64)).requires_grad_()
+    direct = ((pred - y).flatten(1).norm(dim=1) / y.flatten(1).norm(dim=1)).mean()
+    (want,) = torch.autograd.grad(direct, pred)
+    loss = relative_l2(pred, y, [0, 1, 2], 3, 1)
+    loss.backward()
+    assert abs(float(loss) - float(direct)) <= 1e-15 and float((pred.grad - want).abs().max()) <= 1e-15

@@ -50,8 +50,9 @@ SCHEDULES = ("constant", "cosine")
 # What a checkpoint's meta.json holds (one without all of them is passed over as damaged).
 META_KEYS = ("epoch", "world_size", "config", "stats", "global_shape", "history")
 # --loss: the MSE of the normalised fields, or each (field, predicted frame) weighted by the inverse of its
-# variance over the training trajectories (``frame_weights``), so that late, decayed frames count as much.
-LOSSES = ("mse", "frame-weighted")
+# variance over the training trajectories (``frame_weights``), so that late, decayed frames count as much, or
+# each trajectory's relative L2 error (``drift.train.losses``).
+LOSSES = ("mse", "frame-weighted", "relative-l2")
 # What a non-finite loss or gradient norm does: stop the run, or skip that batch.
 ON_NAN = ("stop", "skip-batch")
 # Options checkpoints written before the option existed were trained with.
@@ -224,7 +225,8 @@ class TrainConfig:
         "frame-weighted",
         "frame-weighted: each field and predicted frame weighted by the inverse of its variance over the "
         "training trajectories, so that late frames, whose fluctuations have decayed, count as much as early "
-        "ones; mse: the MSE of the normalised fields",
+        "ones; mse: the MSE of the normalised fields; relative-l2: each trajectory's ||pred - true|| / ||true|| "
+        "(neuraloperator's LpLoss, what PDEBench's nRMSE measures)",
         choices=LOSSES,
     )
     batch_size: int = option(

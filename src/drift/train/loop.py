@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 from tqdm import tqdm
 
 from drift import comm
@@ -27,6 +26,7 @@ from drift.jobs.stopping import STOPPED, Stopped, StopSignals
 from drift.jobs.timeouts import PhaseTimeouts
 from drift.metrics import PDEBenchMetrics
 from drift.recipes import Unroll
+from drift.train import losses
 from drift.train.checks import check_config
 from drift.train.config import TrainConfig, default_data_path, ensure_default_data
 from drift.train.epoch import EpochSums, PhaseClock, step_flags
@@ -160,10 +160,13 @@ def _step(
             pred = recipe.train_forward(model, x, wrap, t_out, unroll)
             counted = recipe.counted(t_out, unroll)  # the frames the loss counts
             y = y[..., counted]
-            weights = None if run.weights is None else run.weights[..., counted]
             # This rank's share of the global batch's loss: the ranks' losses sum to it.
-            error = F.mse_loss(pred, y, reduction="sum") if weights is None else ((pred - y).square() * weights).sum()
-            loss = error / (run.count // t_out * pred.shape[-1] * len(indices))
+            if run.config.loss == "relative-l2":
+                rows = [indices.index(i) for i in run.sharding.share(indices)]
+                loss = losses.relative_l2(pred, y, rows, len(indices), run.sharding.spatial_ranks)
+            else:
+                weights = None if run.weights is None else run.weights[..., counted]
+                loss = losses.squared_error(pred, y, weights, run.count // t_out * pred.shape[-1] * len(indices))
         with clock("backward"):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -54,6 +54,11 @@ class Sharding:
         """The placements over the spatial dims alone, as ``Trajectories`` and ``Layout`` take them."""
         return tuple(Replicate() if p.dim == 0 else Shard(p.dim - 2) for p in self.placements)
 
+    @property
+    def spatial_ranks(self) -> int:
+        """The ranks that hold blocks of one trajectory: the mesh's spatial dims' (1 without a mesh)."""
+        return math.prod(self.mesh.size(a) for a, p in enumerate(self.placements) if p != Shard(0)) if self.mesh else 1
+
     def share(self, indices: Sequence[int]) -> list[int]:
         """This rank's ``torch.chunk`` share of a batch's trajectories (all of them without a data dim)."""
         indices = list(indices)
