@@ -83,7 +83,7 @@ def run_drift(args, problem: str, path: Path, seed: int, x_test: torch.Tensor, y
     command = [sys.executable, "-m", "drift", "train", "--data", str(path), "--nproc", "1", "--out", str(out),
                "--seed", str(seed), "--width", str(args.width), "--modes", str(args.modes), "--batch-size",
                str(args.batch_size), "--epochs", str(args.epochs), "--lr", str(args.lr), "--no-plots",
-               "--no-progress"]  # fmt: skip
+               "--no-progress", "--loss", args.drift_loss]  # fmt: skip
     if problem == "cfd":
         command += ["--recipe", "autoregressive", "--t-in", str(T_IN), "--t-out", "1"]
     subprocess.run(command, check=True, capture_output=True, env=env(args.threads))
@@ -168,6 +168,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--modes", type=int, default=12)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--drift-loss",
+        default="relative-l2",
+        help="drift train --loss (relative-l2: the loss neuraloperator's LpLoss is)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("results/neuralop_trainer"))
     args = parser.parse_args()
