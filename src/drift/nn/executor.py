@@ -89,21 +89,36 @@ class Executor:
         """The buffers held now."""
         return self._work.buffers()
 
+    @property
+    def work(self) -> Workspace:
+        """The resident buffers' workspace (``drift.nn.streaming`` takes its chunk buffers from it)."""
+        return self._work
+
     def outputs(
-        self, x: torch.Tensor, width: int, dtype: torch.dtype, plain: bool, params: Iterator[torch.Tensor]
-    ) -> Iterator[torch.Tensor | None]:
-        """Where the lift and each block after it write their output for an input ``x`` ``(b, c,
-        *spatial)``: two resident ``(b, width, *spatial)`` buffers in turn for an unrecorded forward of
-        ``plain`` blocks (linear skips, no channel MLP, no norm), so that a forward allocates no block-sized
-        tensor but its output (on the CPU a fresh one costs its page faults on every call: glibc maps it
-        afresh); None each otherwise (under autograd or autocast, or blocks that are not plain)."""
+        self,
+        x: torch.Tensor,
+        width: int,
+        dtype: torch.dtype,
+        plain: bool,
+        params: Iterator[torch.Tensor],
+        activations: torch.dtype | None = None,
+    ) -> tuple[bool, Iterator[torch.Tensor | None]]:
+        """Whether the forward streams (``drift.nn.streaming``), and where the lift and each block after it
+        write their output, for an input ``x`` ``(b, c, *spatial)``. An unrecorded forward of ``plain``
+        blocks (linear skips, no channel MLP, no norm) writes resident ``(b, width, *spatial)`` buffers, so
+        that it allocates no block-sized tensor but its output (on the CPU a fresh one costs its page faults
+        on every call: glibc maps it afresh): on real data it streams, one buffer (in ``activations``'
+        precision, default ``dtype``) that every block overwrites; on complex data two in turn. None each
+        otherwise (under autograd or autocast, or blocks that are not plain)."""
         autograd = recorded(x, *params)
         if autograd:
             self.clear()
         if not plain or autograd or autocasting(x):
-            return repeat(None)
+            return False, repeat(None)
         shape = (x.shape[0], width, *x.shape[2:])
-        return cycle([self._work.get(("activation", i), shape, dtype, x.device) for i in range(2)])
+        if not x.is_complex():
+            return True, repeat(self._work.get(("activation", 0), shape, activations or dtype, x.device))
+        return False, cycle([self._work.get(("activation", i), shape, dtype, x.device) for i in range(2)])
 
     def project(
         self, hidden: PointwiseLinear, out: PointwiseLinear, non_linearity: Activation, x: torch.Tensor

@@ -386,9 +386,14 @@ class TruncatedFFT(ComplexModule):
         return max(1, min(rows, budget // (4 * widest * self.complex_dtype.itemsize)))
 
     def _run_chunks(
-        self, stages: tuple[Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None
+        self,
+        stages: tuple[Stage, ...],
+        t: torch.Tensor,
+        name: str,
+        out: torch.Tensor | None = None,
+        matrices: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        matrices = [getattr(self, stage.name) for stage in stages]
+        matrices = matrices or [getattr(self, stage.name) for stage in stages]
         rows, chunk = t.shape[0], self.chunk_rows(stages, t.shape[1:], t.shape[0])
         result = self._result(stages, rows, t.shape[1:], t.device, out)
         for start in range(0, rows, chunk):
@@ -508,6 +513,24 @@ class TruncatedFFT(ComplexModule):
             self._run_chunks(self._inverse_stages, spec, "inverse", out)
             return out
         return self._run(self._inverse_stages, spec, "inverse", self._inverse_adjoint).view(*batch, *self.local_shape)
+
+    @property
+    def slab_dim(self) -> int:
+        """The spatial dim the inverse contracts first, along which ``inverse_slab`` cuts its output."""
+        return self._inverse_stages[0].dim
+
+    def inverse_slab(self, spectrum: torch.Tensor, points: slice, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The points ``points`` (a step-1 slice) of dim ``slab_dim`` of this rank's block of the inverse of
+        ``spectrum`` ``(rows, K1, ..., Kd)``, the whole retained spectrum on every rank (complex, outside
+        autograd; no communication). Only the first stage's basis is cut, so every intermediate has the
+        slab's size, and the slabs of a block cost the whole inverse's FLOPs. Returns ``(rows, *local
+        extents, slab_dim's cut to the slice)``, fresh or written into ``out`` (contiguous, that shape)."""
+        first = self._inverse_stages[0]
+        matrix = getattr(self, first.name)
+        matrix = matrix[:, points] if first.right else matrix[points]
+        stages = (replace(first, out=matrix.shape[1] if first.right else matrix.shape[0]), *self._inverse_stages[1:])
+        matrices = [matrix, *(getattr(self, stage.name) for stage in stages[1:])]
+        return self._run_chunks(stages, spectrum, "inverse_slab", out, matrices)
 
     @property
     def has_constant_mode(self) -> bool:
