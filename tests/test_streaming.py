@@ -98,9 +98,9 @@ def test_streaming_keeps_one_resident_field():
     for activations, itemsize in ((None, 4), (torch.bfloat16, 2)):
         model = FNO(3, 2, 8, (4, 4), n_layers=3, activations=activations)
         with torch.no_grad():
-            model(torch.randn(2, 3, 256, 128))
-        fields = [t for t in model.executor.resident() if t.numel() >= 2 * 8 * 256 * 128]
-        assert [(t.numel(), t.element_size()) for t in fields] == [(2 * 8 * 256 * 128, itemsize)]
+            model(torch.randn(2, 3, 1024, 512))  # 32 MB a field of width 8: slabs of 16 MB
+        fields = [t for t in model.executor.resident() if t.numel() >= 2 * 8 * 1024 * 512]
+        assert [(t.numel(), t.element_size()) for t in fields] == [(2 * 8 * 1024 * 512, itemsize)]
 
 
 @pytest.mark.parametrize("method", drift.nn.METHODS)

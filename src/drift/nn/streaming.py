@@ -8,9 +8,9 @@ points`` a rank (``drift.cost.memory``). The streaming forward keeps that and ch
   precision (``FNO(activations=torch.bfloat16)`` halves it), each chunk of points computed in the
   parameters' precision;
 - each plain block ``act(K x + W x + b)`` overwrites its input (``block_in_place``): drift's K reduces the
-  field to its retained spectrum (small: modes x channels), after which the inverse runs a slab of points
-  at a time (``TruncatedFFT.inverse_slab``), each slab's skip gemm and activation written over that slab
-  of the field, which nothing reads again. The dfno methods' K returns a whole field (their transposes
+  field to its retained spectrum (small: modes x channels), after which the inverse runs a slab of the
+  first dim at a time (``TruncatedFFT.inverse_slab``), each slab's skip gemm and activation written over
+  that slab of the field, which nothing reads again. The dfno methods' K returns a whole field (their transposes
   move it); the block's tail accumulates into it and its activation is written over the input;
 - the projection runs a chunk of points at a time into the fresh output (``mlp_unrecorded``).
 
@@ -80,32 +80,34 @@ def block_in_place(block: FNOBlock, x: torch.Tensor, layout: Layout, work: Works
             plan.add_constant_(mixed, skip.bias, sharded=True)
     with phase("transform"):
         spectrum = plan.layout.all_gather_shares(mixed.reshape(b * c, *mixed.shape[2:]), plan.mode_shape[0])
-    dim, local = plan.slab_dim, layout.local_shape
-    n = local[dim]
+    local = layout.local_shape
+    n = local[0]
     length = max(1, _chunk_bytes(x.device) // (b * c * (math.prod(local) // max(n, 1)) * dtype.itemsize))
     weight = skip.weight.expand(b, -1, -1)
     for start in range(0, n, length):
         points = slice(start, min(n, start + length))
-        shape = [*local]
-        shape[dim] = points.stop - points.start
-        target = x.narrow(2 + dim, start, shape[dim])
+        shape = (points.stop - points.start, *local[1:])
+        target = x[:, :, points]  # a slab of the first dim: each channel's one run of memory
         with phase("transform"):
             y = plan.inverse_slab(spectrum, points, out=work.get(("slab",), (b * c, *shape), dtype, x.device))
         with phase("pointwise+gelu"):
-            if dim == 0 and x.dtype == dtype:  # the slab of each channel is one run of memory: a view
-                xs = target.reshape(b, c, -1)
+            if x.dtype == dtype:
+                xs = target.reshape(b, c, -1)  # a view
             else:
                 xs = work.get(("slab_input",), (b, c, *shape), dtype, x.device).copy_(target).view(b, c, -1)
             z = y.view(b, c, -1).baddbmm_(weight, xs)
             if skip.bias is not None and not fold:
                 z.add_(skip.bias[None, :, None])
-            z = z.view(target.shape)
-            if act is None:
-                target.copy_(z)
-            elif x.dtype == dtype:
-                _activate_into(act, z, target)
-            else:
-                target.copy_(activate_(act, z))
+            if act is not None and x.dtype != dtype:
+                activate_(act, z)
+            # Field by field: each is one run of memory in the slab, where a write into the whole strided
+            # slab would go through a contiguous temporary.
+            for i in range(b):
+                for j in range(c):
+                    if act is None or x.dtype != dtype:
+                        target[i, j].copy_(z[i, j].view(shape))
+                    else:
+                        _activate_into(act, z[i, j].view(shape), target[i, j])
     return x
 
 
