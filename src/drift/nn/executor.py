@@ -34,6 +34,7 @@ from drift.nn.pointwise import PointwiseLinear
 from drift.nn.spectral import SpectralConv
 from drift.profiling import phase
 from drift.recording import autocasting, recorded
+from drift.truncated import TruncatedFFT
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -88,6 +89,13 @@ class Executor:
     def resident(self) -> list[torch.Tensor]:
         """The buffers held now."""
         return self._work.buffers()
+
+    def lend(self, spectral: SpectralConv, layout: Layout) -> None:
+        """Have ``spectral``'s plan for ``layout`` take its scratch buffers from the executor's workspace
+        (drift's plans): the blocks of an FNO run one at a time, so one set serves them all."""
+        plan = spectral.plan(layout)
+        if isinstance(plan, TruncatedFFT):
+            plan.use_workspace(self._work)
 
     @property
     def work(self) -> Workspace:

@@ -280,6 +280,7 @@ class FNO(ConversionHooks):
                 x, lift = activate(self.non_linearity, self.lift(x)), self.lift_out
             x = lift_into(lift, x, next(outputs), self.executor.work) if streams else lift(x, out=next(outputs))
         for block in self.blocks:
+            self.executor.lend(block.spectral, layout)
             if streams:
                 x = block_in_place(block, x, layout, self.executor.work)
             elif self.recompute and recorded(x, *block.parameters()):

@@ -520,6 +520,11 @@ class TruncatedFFT(ComplexModule):
             return out
         return self._run(self._inverse_stages, spec, "inverse", self._inverse_adjoint).view(*batch, *self.local_shape)
 
+    def use_workspace(self, work: Workspace) -> None:
+        """Take the scratch buffers of every pass from ``work`` from now on, shared with plans that never run
+        at once (an FNO's blocks: ``drift.nn.executor.Executor``), instead of the plan's own."""
+        self._workspace = work
+
     def inverse_slab(self, spectrum: torch.Tensor, points: slice, out: torch.Tensor | None = None) -> torch.Tensor:
         """The points ``points`` (a step-1 slice) of the first dim of this rank's block of the inverse of
         ``spectrum`` ``(rows, K1, ..., Kd)``, the whole retained spectrum on every rank (complex, outside
