@@ -82,20 +82,23 @@ class Executor:
 
     def __init__(self) -> None:
         self._work = Workspace()
+        self._scratch = Workspace()  # the drift plans' scratch, shared by the blocks (``lend``)
 
     def clear(self) -> None:
         self._work.clear()
+        self._scratch.clear()
 
     def resident(self) -> list[torch.Tensor]:
-        """The buffers held now."""
+        """The buffers held now: the activations and the chunk buffers of the projection and the streaming
+        blocks (not the plans' scratch, which a plan's passes fill up to its work bound)."""
         return self._work.buffers()
 
     def lend(self, spectral: SpectralConv, layout: Layout) -> None:
-        """Have ``spectral``'s plan for ``layout`` take its scratch buffers from the executor's workspace
-        (drift's plans): the blocks of an FNO run one at a time, so one set serves them all."""
+        """Have ``spectral``'s plan for ``layout`` take its scratch buffers from the executor's (drift's
+        plans): the blocks of an FNO run one at a time, so one set serves them all."""
         plan = spectral.plan(layout)
         if isinstance(plan, TruncatedFFT):
-            plan.use_workspace(self._work)
+            plan.use_workspace(self._scratch)
 
     @property
     def work(self) -> Workspace:
