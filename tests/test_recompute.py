@@ -3,6 +3,9 @@ pass give the stored path's gradients bitwise, on every method and mesh, and a s
 
 from __future__ import annotations
 
+import ctypes
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,6 +29,16 @@ OPTIONS = {
     "neuralop": dict(positional_embedding="grid", lifting_channel_ratio=2, use_channel_mlp=True, norm="group_norm"),
 }
 _MESHES: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _memory_released():
+    """These tests hold fields of hundreds of MB: released after each, so that ranks forked later by the
+    same session (``drift bench capacity``'s, whose private memory is capped) do not inherit them."""
+    yield
+    gc.collect()
+    empty_cache()
+    ctypes.CDLL(None).malloc_trim(0)  # glibc keeps freed heap below its mmap threshold (32 MiB) otherwise
 
 
 def _gradients(model: torch.nn.Module, x: torch.Tensor, recompute: bool) -> tuple[dict, torch.Tensor]:

@@ -4,6 +4,9 @@ peaks near the floor ``(in + out + width) x bytes x points`` by ``drift.memory.L
 
 from __future__ import annotations
 
+import ctypes
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -24,6 +27,16 @@ MESHES = {
     "4d-pencil4": ((2, 2, 1, 1), (12, 10, 8, 6), (2, 2, 2, 3)),
 }
 _MESHES: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _memory_released():
+    """These tests hold fields of hundreds of MB: released after each, so that ranks forked later by the
+    same session (``drift bench capacity``'s, whose private memory is capped) do not inherit them."""
+    yield
+    gc.collect()
+    empty_cache()
+    ctypes.CDLL(None).malloc_trim(0)  # glibc keeps freed heap below its mmap threshold (32 MiB) otherwise
 
 
 def _forwards(grid, shape, modes, method, activations):
