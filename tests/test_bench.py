@@ -389,7 +389,18 @@ def test_bench_capacity(tmp_path):
     (row,) = data["rows"]
     assert row["dims"] == 2 and row["largest_n"] == 128 and row["largest_shape"] == [128, 128]
     assert all(t["fits"] and t["peak_gb_total"] < 2 for t in row["trials"])
+    # Beside the row: points per GB of the summed peak, the floor and the estimate per rank (start-up in both).
+    assert row["points_per_gb"] == pytest.approx(128 * 128 / row["trials"][-1]["peak_gb_total"], rel=0.5)
+    assert 0.25 < row["floor_gb_per_rank"] < row["estimate_gb_per_rank"] < 1
     assert _png_size(out / "capacity.png") == _pixels((5.5, 3.8)) == (605, 418)
+    data, _ = _run(
+        tmp_path,
+        "capacity",
+        *("--dims", "4", "--nproc", "1", "--methods", "drift", "--memory-gb", "8", "--passes", "train"),
+        *("--step", "32", "--max-n", "32", "--recompute"),
+    )
+    (row,) = data["rows"]
+    assert row["recompute"] and row["largest_n"] == 32 and row["estimate_gb_per_rank"] > row["floor_gb_per_rank"]
     data, _ = _run(
         tmp_path,
         "capacity",

@@ -669,10 +669,10 @@ def test_spectral_conv_into_a_preallocated_tensor(method, modes):
 
 @pytest.mark.parametrize("non_linearity", [torch.nn.functional.gelu, torch.tanh], ids=["gelu", "tanh"])
 def test_fno_without_autograd_matches(monkeypatch, non_linearity):
-    """Unrecorded, the blocks accumulate the pointwise gemm into the spectral output in place, in two
-    resident activation buffers, and the projection runs through three resident buffers (its input over a
-    row of ones, its hidden layer, its output), in chunks (here pieces of 5 points, one a thread, a ragged
-    last chunk); outputs never alias those buffers."""
+    """Unrecorded, the blocks overwrite one resident activation in place, drift's inverse through a slab
+    buffer (``drift.nn.streaming``), and the projection runs through three resident buffers (its input over
+    a row of ones, its hidden layer, its output), in chunks (here pieces of 5 points, one a thread, a
+    ragged last chunk); outputs never alias those buffers."""
     import drift.nn.chunked as chunked
 
     torch.manual_seed(4)

@@ -10,6 +10,10 @@ cost more than the step's arithmetic on this project's 2-core VM).
 count is the pool's own reference alone), so from the second step on these tensors cost no faults. The
 pool holds at most what was live at once plus what went unused for ``STALE_TAKES`` requests; CUDA has
 its own caching allocator, and small tensors reuse glibc's heap, so both get ``torch.empty``.
+
+``LiveBytes`` is drift's accounting of a computation's memory on a rank: the peak of the bytes of the
+tensors it touches while they live (the pool's storages included while handed out), without the
+process's start-up or the allocator's slack, for the tests and the estimates of ``drift.cost.memory``.
 """
 
 from __future__ import annotations
@@ -17,9 +21,13 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from drift._compat import counts_storage_uses, storage_use_count
 
@@ -114,3 +122,52 @@ def empty_cache() -> None:
 def cached_bytes() -> int:
     """Bytes held by the process's pool, in use or free."""
     return _POOL.cached_bytes()
+
+
+class LiveBytes(TorchDispatchMode):
+    """A context that follows the bytes of every storage an operation in it reads or writes (on this thread),
+    from the first operation that touches it until it is freed: ``live`` now, ``peak`` the most at once.
+    A DTensor counts its local block. Storages made outside the context count from their first use in it
+    (the caller's input, resident buffers); an operation's internal scratch is not seen. For measurements,
+    not production: every operation pays a Python call.
+
+    >>> import torch
+    >>> from drift.memory import LiveBytes
+    >>> x = torch.ones(1000)
+    >>> with LiveBytes() as counted:
+    ...     y = x * 2
+    ...     del y
+    ...     z = x + 1
+    >>> counted.peak, counted.live
+    (8000, 8000)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for t in tree_leaves((args, kwargs, result)):
+            if isinstance(t, torch.Tensor):
+                self._touch(t._local_tensor if isinstance(t, DTensor) else t)
+        return result
+
+    def _touch(self, t: torch.Tensor) -> None:
+        if t.device.type == "meta":
+            return
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self._seen:
+            return
+        nbytes = storage.nbytes()
+        self._seen.add(key)
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._freed, key, nbytes)
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self._seen.discard(key)
+        self.live -= nbytes

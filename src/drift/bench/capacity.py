@@ -9,18 +9,24 @@ each trial in fresh ranks (slab grid) whose summed resident memory is polled and
 ranks' peak private memory stays under the cap. Private: resident and not file-backed (the peak
 resident set less the mapped files, ``runner.peak_private_gb``), so that torch's libraries, mapped by
 every rank, are not counted P times; torch's own start-up data (0.15 GB a rank here) is counted.
-The search assumes that a grid fits when a larger one does.
+The search assumes that a grid fits when a larger one does. ``--recompute`` trains with the blocks
+recomputed in the backward pass (``drift.nn.set_recompute``), ``--activations bfloat16`` keeps the
+streaming forward's fields between blocks in bfloat16. Beside every row: the grid points per GB of the
+summed peak, and per rank the forward's floor (input, output, one activation, the parameters and the
+start-up) and ``drift.cost.fno_memory``'s estimate, against the measured peak.
 
 JSON (``capacity.json``), besides the common envelope (``drift.bench.output``): ``memory_gb`` (the
 cap), ``rows``, one per (dims, method, ranks, pass): ``{dims, method, ranks, pass, largest_n (null when
 even the smallest grid failed), largest_shape, peak_gb_per_rank, seconds (of the largest fitting
-trial's pass), trials: [{n, shape, fits, peak_gb_total, peak_gb_per_rank, seconds, error}]}``; memory
-is private memory in GB as above.
+trial's pass), points_per_gb, floor_gb_per_rank, estimate_gb_per_rank, trials: [{n, shape, fits,
+peak_gb_total, peak_gb_per_rank, seconds, error}]}``, and ``recompute``, ``activations``; memory is
+private memory in GB as above.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -31,10 +37,12 @@ from drift.arguments import positive_float, positive_int
 from drift.bench import output, plots
 from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.runner import available_gb, peak_private_gb, peak_rss_gb
+from drift.cost import Pass, fno_memory
 from drift.jobs.launch import RankError, run_ranks
 from drift.nn import FNO, METHODS
 
 TIME_STEPS = 30  # the paper's time extent (t_out = 16 kept of 30)
+ACTIVATIONS = {"float32": None, "bfloat16": torch.bfloat16}  # --activations: the streaming forward's fields
 
 
 def grid_shape(dims: int, n: int) -> tuple[int, ...]:
@@ -47,9 +55,11 @@ def default_modes(dims: int) -> tuple[int, ...]:
     return (8, 8, 8, 16) if dims == 4 else (8, 8)
 
 
-def _trial_worker(shape: tuple[int, ...], modes: tuple, width: int, method: str, train: bool) -> dict[str, Any]:
+def _trial_worker(
+    shape: tuple[int, ...], modes: tuple, width: int, method: str, train: bool, recompute: bool, activations: str
+) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = FNO(FIELDS, FIELDS, width, modes, method=method)
+    model = FNO(FIELDS, FIELDS, width, modes, method=method, recompute=recompute, activations=ACTIVATIONS[activations])
     layout = distribute(model, shape)
     x = as_model_input(random_input(layout, FIELDS), layout)
     start = time.perf_counter()
@@ -64,7 +74,18 @@ def _trial_worker(shape: tuple[int, ...], modes: tuple, width: int, method: str,
     return {"seconds": time.perf_counter() - start, "peak_gb": peak_private_gb(), "peak_rss_gb": peak_rss_gb()}
 
 
-def trial(dims: int, n: int, width: int, method: str, size: int, train: bool, cap_gb: float, timeout_s: float) -> dict:
+def trial(
+    dims: int,
+    n: int,
+    width: int,
+    method: str,
+    size: int,
+    train: bool,
+    cap_gb: float,
+    timeout_s: float,
+    recompute: bool = False,
+    activations: str = "float32",
+) -> dict:
     """One grid in fresh ranks under the memory cap: ``{n, shape, fits, peak_gb_total, seconds, error}``."""
     shape = grid_shape(dims, n)
     row: dict[str, Any] = {"n": n, "shape": shape, "fits": False, "peak_gb_total": None, "seconds": None}
@@ -77,6 +98,8 @@ def trial(dims: int, n: int, width: int, method: str, size: int, train: bool, ca
             width,
             method,
             train,
+            recompute,
+            activations,
             timeout_s=timeout_s,
             memory_cap_gb=cap_gb,
         )
@@ -114,11 +137,42 @@ def search(dims: int, method: str, size: int, train: bool, args: argparse.Namesp
     lo = max(1, -(-max(least, size) // step))
 
     def fits(m: int) -> tuple[bool, dict]:
-        r = trial(dims, m * step, args.width, method, size, train, args.memory_gb, args.trial_timeout)
+        r = trial(
+            dims,
+            m * step,
+            args.width,
+            method,
+            size,
+            train,
+            args.memory_gb,
+            args.trial_timeout,
+            args.recompute,
+            args.activations,
+        )
         return r["fits"], r
 
     best, records = bisect(fits, lo, max_n // step)
     largest = next((r for r in records if best is not None and r["n"] == best * step), None)
+    memory = {"points_per_gb": None, "floor_gb_per_rank": None, "estimate_gb_per_rank": None}
+    if largest:
+        shape = tuple(largest["shape"])
+        passed = Pass.FORWARD if not train else Pass.RECOMPUTE_STEP if args.recompute else Pass.STEP
+        estimate = fno_memory(
+            shape,
+            (size,) + (1,) * (dims - 1),
+            in_channels=FIELDS,
+            out_channels=FIELDS,
+            width=args.width,
+            modes=modes,
+            method=method,
+            pass_=passed,
+            activation_bytes=2 if args.activations == "bfloat16" else None,
+        )
+        memory = {
+            "points_per_gb": math.prod(shape) / sum(largest["peak_gb_per_rank"]),
+            "floor_gb_per_rank": estimate.floor / 1e9,
+            "estimate_gb_per_rank": estimate.total / 1e9,
+        }
     return {
         "dims": dims,
         "method": method,
@@ -128,6 +182,9 @@ def search(dims: int, method: str, size: int, train: bool, args: argparse.Namesp
         "largest_shape": largest["shape"] if largest else None,
         "peak_gb_per_rank": largest["peak_gb_per_rank"] if largest else None,
         "seconds": largest["seconds"] if largest else None,
+        **memory,
+        "recompute": args.recompute,
+        "activations": args.activations,
         "trials": records,
     }
 
@@ -153,12 +210,28 @@ def run(args: argparse.Namespace) -> int:
             "x".join(map(str, r["largest_shape"])) if r["largest_shape"] else "none",
             max(r["peak_gb_per_rank"]) if r["peak_gb_per_rank"] else None,
             sum(r["peak_gb_per_rank"]) if r["peak_gb_per_rank"] else None,
+            r["points_per_gb"],
+            r["floor_gb_per_rank"],
+            r["estimate_gb_per_rank"],
             r["seconds"],
             len(r["trials"]),
         ]
         for r in rows
     ]
-    header = ["grid", "method", "P", "pass", "largest grid", "peak GB/rank", "peak GB total", "pass s", "trials"]
+    header = [
+        "grid",
+        "method",
+        "P",
+        "pass",
+        "largest grid",
+        "peak GB/rank",
+        "peak GB total",
+        "points/GB",
+        "floor GB/rank",
+        "estimate GB/rank",
+        "pass s",
+        "trials",
+    ]
     title = (
         f"largest grid under a {args.memory_gb:g} GB cap (all ranks together), n a multiple of {args.step} "
         f"(3D+time) or {args.step_2d} (2-D)"
@@ -183,6 +256,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=positive_int, default=128, help="3D+time: the largest n tried")
     parser.add_argument("--step-2d", type=positive_int, default=512, help="2-D: n is a multiple of this")
     parser.add_argument("--max-n-2d", type=positive_int, default=8192, help="2-D: the largest n tried")
+    parser.add_argument("--recompute", action="store_true", help="train with the blocks recomputed in the backward")
+    parser.add_argument(
+        "--activations", choices=tuple(ACTIVATIONS), default="float32", help="the streaming forward's fields"
+    )
     parser.add_argument("--trial-timeout", type=positive_float, default=600.0, help="seconds per trial")
     parser.add_argument("--out", type=Path, default=Path("results/bench/capacity"))
     parser.set_defaults(run=run)

@@ -10,12 +10,14 @@ and projection (``Fit``, ``fit_alpha_beta``, ``drift_reduction``) and ``benchmar
   between them) and its presets, the DRIFT paper's platform (``PAPER``) among them;
 - ``drift.cost.fit``: a link's coefficients from measured times;
 - ``drift.cost.reduction``: drift's reduce-scatter and all-gather over a reduction mesh, and the mesh;
-- ``drift.cost.methods``: each method's cost, and the cheapest (``method="auto"``).
+- ``drift.cost.methods``: each method's cost, and the cheapest (``method="auto"``);
+- ``drift.cost.memory``: the bytes an FNO's forward or training step needs a rank, and the refusal.
 """
 
 from drift.cost.collectives import Fit, terms
 from drift.cost.fit import fit_alpha_beta, non_negative_lstsq
 from drift.cost.machine import PAPER, Hosts, Machine
+from drift.cost.memory import MemoryEstimate, MemoryShortError, Pass, fno_memory, refuse_if_short
 from drift.cost.methods import (
     COSTS,
     MethodChoice,
@@ -41,8 +43,11 @@ __all__ = [
     "Fit",
     "Hosts",
     "Machine",
+    "MemoryEstimate",
+    "MemoryShortError",
     "MethodChoice",
     "MethodCost",
+    "Pass",
     "Problem",
     "best_reduction",
     "choose_method",
@@ -51,10 +56,12 @@ __all__ = [
     "drift_reduction",
     "factorisations",
     "fit_alpha_beta",
+    "fno_memory",
     "method_costs",
     "non_negative_lstsq",
     "pruned_dfno_cost",
     "reduction_levels",
     "reduction_seconds",
+    "refuse_if_short",
     "terms",
 ]

@@ -4,7 +4,7 @@ from drift.cost import Machine
 from drift.nn.block import FNOBlock
 from drift.nn.executor import fno_block
 from drift.nn.factorized import FACTORIZATIONS, FactorizedWeight, cp_rank, tucker_rank
-from drift.nn.fno import FNO, NEURALOP_DEFAULTS
+from drift.nn.fno import FNO, NEURALOP_DEFAULTS, set_recompute
 from drift.nn.interop import (
     from_neuralop_factors,
     from_neuralop_weight,
@@ -25,6 +25,7 @@ __all__ = [
     "parallelize",
     "FNO",
     "FNOBlock",
+    "set_recompute",
     "SpectralConv",
     "NEURALOP_DEFAULTS",
     "METHODS",

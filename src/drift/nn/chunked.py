@@ -132,18 +132,20 @@ def mlp_unrecorded(
     nothing is allocated per chunk. ``b1`` rides in its gemm as a column of ``W1`` against a row of ones
     below the chunk of ``x`` (``addmm`` would first copy it over the whole hidden chunk); ``b2`` is copied
     into the few output rows first, which keeps the hidden chunk contiguous for the activation
-    (``activates_whole``). Returns a fresh ``(b, c_out, *spatial)`` (``drift.memory``)."""
-    flat = _flat(x)
-    out = memory.empty((x.shape[0], w2.shape[0], flat.shape[2]), x.dtype, x.device)
+    (``activates_whole``). ``x`` may be held in a lower precision than the weights' (``drift.nn.streaming``'s
+    activations): each chunk is computed in the weights'. Returns a fresh ``(b, c_out, *spatial)`` in the
+    weights' dtype (``drift.memory``)."""
+    flat, dtype = _flat(x), w1.dtype
+    out = memory.empty((x.shape[0], w2.shape[0], flat.shape[2]), dtype, x.device)
     (hidden, width), out_channels = w1.shape, w2.shape[0]
     parts = _parts(x.device)
-    step = _points_per_chunk(x.device, hidden * x.element_size(), _thread_chunk_bytes(x.device))
+    step = _points_per_chunk(x.device, hidden * w1.element_size(), _thread_chunk_bytes(x.device))
     size = -(-step // parts) * parts
     w1_b1 = (w1 if b1 is None else torch.cat((w1, b1[:, None]), 1)).expand(parts, -1, -1)
     w2 = w2.expand(parts, -1, -1)
-    inputs = work.get(("mlp_input",), (w1_b1.shape[2] * size,), x.dtype, x.device)
-    buffer = work.get(("mlp_hidden",), (hidden * size,), x.dtype, x.device)
-    results = work.get(("mlp_output",), (out_channels * size,), x.dtype, x.device)
+    inputs = work.get(("mlp_input",), (w1_b1.shape[2] * size,), dtype, x.device)
+    buffer = work.get(("mlp_hidden",), (hidden * size,), dtype, x.device)
+    results = work.get(("mlp_output",), (out_channels * size,), dtype, x.device)
     for i in range(flat.shape[0]):
         for s, m, q in _pieces(flat.shape[2], step, parts):
             part = _split(flat[i, :, s : s + m], q)

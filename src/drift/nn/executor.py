@@ -34,6 +34,7 @@ from drift.nn.pointwise import PointwiseLinear
 from drift.nn.spectral import SpectralConv
 from drift.profiling import phase
 from drift.recording import autocasting, recorded
+from drift.truncated import TruncatedFFT
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -81,29 +82,54 @@ class Executor:
 
     def __init__(self) -> None:
         self._work = Workspace()
+        self._scratch = Workspace()  # the drift plans' scratch, shared by the blocks (``lend``)
 
     def clear(self) -> None:
         self._work.clear()
+        self._scratch.clear()
 
     def resident(self) -> list[torch.Tensor]:
-        """The buffers held now."""
+        """The buffers held now: the activations and the chunk buffers of the projection and the streaming
+        blocks (not the plans' scratch, which a plan's passes fill up to its work bound)."""
         return self._work.buffers()
 
+    def lend(self, spectral: SpectralConv, layout: Layout) -> None:
+        """Have ``spectral``'s plan for ``layout`` take its scratch buffers from the executor's (drift's
+        plans): the blocks of an FNO run one at a time, so one set serves them all."""
+        plan = spectral.plan(layout)
+        if isinstance(plan, TruncatedFFT):
+            plan.use_workspace(self._scratch)
+
+    @property
+    def work(self) -> Workspace:
+        """The resident buffers' workspace (``drift.nn.streaming`` takes its chunk buffers from it)."""
+        return self._work
+
     def outputs(
-        self, x: torch.Tensor, width: int, dtype: torch.dtype, plain: bool, params: Iterator[torch.Tensor]
-    ) -> Iterator[torch.Tensor | None]:
-        """Where the lift and each block after it write their output for an input ``x`` ``(b, c,
-        *spatial)``: two resident ``(b, width, *spatial)`` buffers in turn for an unrecorded forward of
-        ``plain`` blocks (linear skips, no channel MLP, no norm), so that a forward allocates no block-sized
-        tensor but its output (on the CPU a fresh one costs its page faults on every call: glibc maps it
-        afresh); None each otherwise (under autograd or autocast, or blocks that are not plain)."""
+        self,
+        x: torch.Tensor,
+        width: int,
+        dtype: torch.dtype,
+        plain: bool,
+        params: Iterator[torch.Tensor],
+        activations: torch.dtype | None = None,
+    ) -> tuple[bool, Iterator[torch.Tensor | None]]:
+        """Whether the forward streams (``drift.nn.streaming``), and where the lift and each block after it
+        write their output, for an input ``x`` ``(b, c, *spatial)``. An unrecorded forward of ``plain``
+        blocks (linear skips, no channel MLP, no norm) writes resident ``(b, width, *spatial)`` buffers, so
+        that it allocates no block-sized tensor but its output (on the CPU a fresh one costs its page faults
+        on every call: glibc maps it afresh): on real data it streams, one buffer (in ``activations``'
+        precision, default ``dtype``) that every block overwrites; on complex data two in turn. None each
+        otherwise (under autograd or autocast, or blocks that are not plain)."""
         autograd = recorded(x, *params)
         if autograd:
             self.clear()
         if not plain or autograd or autocasting(x):
-            return repeat(None)
+            return False, repeat(None)
         shape = (x.shape[0], width, *x.shape[2:])
-        return cycle([self._work.get(("activation", i), shape, dtype, x.device) for i in range(2)])
+        if not x.is_complex():
+            return True, repeat(self._work.get(("activation", 0), shape, activations or dtype, x.device))
+        return False, cycle([self._work.get(("activation", i), shape, dtype, x.device) for i in range(2)])
 
     def project(
         self, hidden: PointwiseLinear, out: PointwiseLinear, non_linearity: Activation, x: torch.Tensor

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from drift._compat import ConversionHooks
 from drift._moved import deprecated as _deprecated
@@ -23,8 +24,9 @@ from drift.nn.executor import Executor
 from drift.nn.norm import NORMS
 from drift.nn.pointwise import SKIPS, PointwiseLinear
 from drift.nn.spectral import layout_of
+from drift.nn.streaming import block_in_place, lift_into
 from drift.profiling import phase
-from drift.recording import autocasting
+from drift.recording import autocasting, recorded
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
 
@@ -91,6 +93,12 @@ class FNO(ConversionHooks):
     ``factorization`` ("tucker" or "cp") and ``rank`` hold every spectral weight as factors
     (neuraloperator's TFNO / CP-FNO; see ``SpectralConv``).
 
+    ``recompute``: a recorded forward keeps each block's input alone and the backward pass recomputes the
+    block's activations (``torch.utils.checkpoint``, non-reentrant), its collectives rerun in the forward's
+    order on every rank: about half a training step's activation memory, for one more forward of the
+    blocks. The gradients are bitwise those of the stored path. ``set_recompute`` sets it on a built or
+    parallelized model; the attribute ``recompute`` reads it.
+
     Built on one device it is an ordinary module taking plain tensors; ``drift.nn.parallelize(model,
     mesh, placements)`` makes it take and return DTensors, its spectral weights sharded over the mesh
     and every other parameter replicated.
@@ -131,6 +139,8 @@ class FNO(ConversionHooks):
         norm: str | None = None,
         non_linearity: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
         complex_data: bool = False,
+        recompute: bool = False,
+        activations: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if n_layers < 1:
@@ -199,6 +209,10 @@ class FNO(ConversionHooks):
         self.project_hidden = PointwiseLinear(width, projection_width, **pointwise)
         self.project_out = PointwiseLinear(projection_width, out_channels, **pointwise)
         self.executor = Executor()
+        self.recompute = recompute
+        if activations not in (None, torch.bfloat16, torch.float16, dtype or torch.get_default_dtype()):
+            raise ValueError(f"activations must be None, torch.bfloat16 or torch.float16, got {activations!r}")
+        self.activations = activations
         self.register_load_state_dict_pre_hook(_former_keys_renamed)
 
     @classmethod
@@ -258,19 +272,39 @@ class FNO(ConversionHooks):
         with phase("lift+projection"):
             if self.positional_embedding == "grid":
                 x = grid_embedding(x, layout)
-            width, plain = self.project_hidden.weight.shape[1], all(block.plain for block in self.blocks)
-            outputs = self.executor.outputs(x, width, self.lift.weight.dtype, plain, self.parameters())
+            width, dtype = self.project_hidden.weight.shape[1], self.lift.weight.dtype
+            plain = all(block.plain for block in self.blocks)
+            streams, outputs = self.executor.outputs(x, width, dtype, plain, self.parameters(), self.activations)
+            lift = self.lift
             if self.lift_out is not None:
-                x = self.lift_out(activate(self.non_linearity, self.lift(x)), out=next(outputs))
-            else:
-                x = self.lift(x, out=next(outputs))
+                x, lift = activate(self.non_linearity, self.lift(x)), self.lift_out
+            x = lift_into(lift, x, next(outputs), self.executor.work) if streams else lift(x, out=next(outputs))
         for block in self.blocks:
-            x = block.forward_local(x, layout, out=next(outputs))
+            self.executor.lend(block.spectral, layout)
+            if streams:
+                x = block_in_place(block, x, layout, self.executor.work)
+            elif self.recompute and recorded(x, *block.parameters()):
+                # Keeps the block's input alone; the backward pass reruns the block, its collectives included,
+                # in the same order on every rank (each rank's autograd walks the same graph).
+                x = checkpoint(block.forward_local, x, layout, use_reentrant=False)
+            else:
+                x = block.forward_local(x, layout, out=next(outputs))
         with phase("lift+projection"):
             return self.executor.project(self.project_hidden, self.project_out, self.non_linearity, x)
 
     def _before_conversion(self) -> None:
         self.executor.clear()
+
+
+def set_recompute(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Set ``recompute`` (see ``FNO``) on every ``FNO`` in ``model`` (``model`` itself one included), built
+    or parallelized; returns ``model``. ValueError when ``model`` holds no FNO."""
+    models = [m for m in model.modules() if isinstance(m, FNO)]
+    if not models:
+        raise ValueError(f"set_recompute: {type(model).__name__} holds no drift.nn.FNO")
+    for fno in models:
+        fno.recompute = bool(enabled)
+    return model
 
 
 # Where block i's parts were before the FNO was a stack of FNOBlocks (commit 9ebfdf8): (part, the former

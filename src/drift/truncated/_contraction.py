@@ -76,20 +76,22 @@ def best_order(
     real: bool,
     copy_flops: float = 0,
     rows: Sequence[int] | None = None,
+    last: int | None = None,
 ) -> tuple[tuple[int, ...], int]:
     """The contraction order of least cost, FLOPs (``contraction_flops`` with ``rows``) plus
-    ``copy_flops`` per value of its interleaving copy (``interleave_copy``), and its FLOPs.
-    ``copy_flops=0``: the fewest FLOPs. Ties go to the order whose first stage has the most lines
-    before its dim, then lexicographically: that stage is then a batched gemm, which threads share well,
-    rather than one thin gemm per field (at 128 x 128 x 64 x 30, (1, 0, 2, 3) ran the forward in 0.60x
-    the time of (0, 1, 2, 3) on two threads, with the same FLOPs)."""
+    ``copy_flops`` per value of its interleaving copy (``interleave_copy``), and its FLOPs; of the
+    orders ending in dim ``last`` when it is given. ``copy_flops=0``: the fewest FLOPs. Ties go to the
+    order whose first stage has the most lines before its dim, then lexicographically: that stage is then
+    a batched gemm, which threads share well, rather than one thin gemm per field (at 128 x 128 x 64 x 30,
+    (1, 0, 2, 3) ran the forward in 0.60x the time of (0, 1, 2, 3) on two threads, with the same FLOPs)."""
 
     def cost(order: tuple[int, ...]) -> tuple[float, int, tuple[int, ...]]:
         copied = interleave_copy(order, local, kept, real)
         flops = contraction_flops(order, local, kept, real, rows) + copy_flops * copied
         return flops, -math.prod(local[: order[0]]), order
 
-    order = min(itertools.permutations(range(len(local))), key=cost)
+    orders = [o for o in itertools.permutations(range(len(local))) if last is None or o[-1] == last]
+    order = min(orders, key=cost)
     return order, contraction_flops(order, local, kept, real, rows)
 
 
@@ -101,6 +103,14 @@ def transform_flops(
     ``TruncatedFFT`` chooses: its ``flops`` and ``inverse_flops``. The interface the cost models use."""
     (_, forward), (_, inverse) = plan_orders(local_shape, modes, extents, real)
     return forward, inverse
+
+
+def slab_order(local_shape, modes, extents, real) -> tuple[int, ...]:
+    """The order whose reverse an inverse contracts in when it runs a slab of dim 0 at a time
+    (``TruncatedFFT.inverse_slab``): ``plan_orders``' inverse among the orders ending in dim 0."""
+    kept = [len(m) for m in modes]
+    rows = [folded_rows(m, n) for m, n in zip(modes, extents, strict=True)]
+    return best_order(local_shape, kept, real, INVERSE_COPY_FLOPS, rows, last=0)[0]
 
 
 def plan_orders(local_shape, modes, extents, real) -> tuple[tuple[tuple[int, ...], int], tuple[tuple[int, ...], int]]:

@@ -46,7 +46,7 @@ from drift.errors import PlanError
 from drift.layout import Layout, dtensor_layout, reduction_mesh, shift_placements, to_dtensor
 from drift.modes import ModeSpec, PaddingSpec, mode_lists, padding_pairs
 from drift.recording import recorded
-from drift.truncated._contraction import plan_orders
+from drift.truncated._contraction import plan_orders, slab_order
 from drift.truncated._maps import GatherMap, LinearMap, ScatterMap
 from drift.truncated._overlap import compute_then_send, receive_then_compute
 from drift.truncated._stages import Fold, Stage, apply_stage, conjugate_fold
@@ -228,6 +228,7 @@ class TruncatedFFT(ComplexModule):
             inverse = self._build_inverse(dtype, cdtype, device, self.order, "inverse_for_adjoint")
         self._forward_adjoint = self._adjoint(forward, self.local_shape)
         self._inverse_adjoint = self._adjoint(inverse, self.mode_shape)
+        self._slab_stages: tuple[Stage, ...] | None = None  # inverse_slab's, built on first use
 
     def _basis(self, dim: int, frequencies: Sequence[int] | None = None) -> torch.Tensor:
         """B_dim[k, j] = exp(-2 pi i f_k (b + o + j) / N) in float64 over the padded extent N, the block's
@@ -342,6 +343,11 @@ class TruncatedFFT(ComplexModule):
             sizes = stage.extents(sizes)
         return tuple(stages)
 
+    @torch.inference_mode(False)  # bases built during an inference pass must serve later calls outside it
+    def _build_slab_stages(self) -> tuple[Stage, ...]:
+        order = slab_order(self.local_shape, self.modes, self.padded_shape, self.real)
+        return self._build_inverse(self.dtype, self.complex_dtype, self.device, order, "inverse_slab")
+
     def _half_spectrum_weights(self, frequencies: Sequence[int]) -> torch.Tensor:
         """irfft's weights on the last dim: 1 for DC and an even (padded) extent's Nyquist, 2 for the others."""
         n = self.padded_shape[-1]
@@ -386,9 +392,14 @@ class TruncatedFFT(ComplexModule):
         return max(1, min(rows, budget // (4 * widest * self.complex_dtype.itemsize)))
 
     def _run_chunks(
-        self, stages: tuple[Stage, ...], t: torch.Tensor, name: str, out: torch.Tensor | None = None
+        self,
+        stages: tuple[Stage, ...],
+        t: torch.Tensor,
+        name: str,
+        out: torch.Tensor | None = None,
+        matrices: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        matrices = [getattr(self, stage.name) for stage in stages]
+        matrices = matrices or [getattr(self, stage.name) for stage in stages]
         rows, chunk = t.shape[0], self.chunk_rows(stages, t.shape[1:], t.shape[0])
         result = self._result(stages, rows, t.shape[1:], t.device, out)
         for start in range(0, rows, chunk):
@@ -508,6 +519,28 @@ class TruncatedFFT(ComplexModule):
             self._run_chunks(self._inverse_stages, spec, "inverse", out)
             return out
         return self._run(self._inverse_stages, spec, "inverse", self._inverse_adjoint).view(*batch, *self.local_shape)
+
+    def use_workspace(self, work: Workspace) -> None:
+        """Take the scratch buffers of every pass from ``work`` from now on, shared with plans that never run
+        at once (an FNO's blocks: ``drift.nn.executor.Executor``), instead of the plan's own."""
+        self._workspace = work
+
+    def inverse_slab(self, spectrum: torch.Tensor, points: slice, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The points ``points`` (a step-1 slice) of the first dim of this rank's block of the inverse of
+        ``spectrum`` ``(rows, K1, ..., Kd)``, the whole retained spectrum on every rank (complex, outside
+        autograd; no communication): a slab of the block whose every field is one run of memory. Its
+        stages contract dim 0 first (``_contraction.slab_order``; built on first use), with dim 0's basis
+        cut to the slab, so every intermediate has the slab's size and the slabs of a block cost one
+        inverse's FLOPs. Returns ``(rows, len(points), *local_shape[1:])``, fresh or written into ``out``
+        (contiguous, that shape)."""
+        if self._slab_stages is None:
+            self._slab_stages = self._build_slab_stages()
+        first = self._slab_stages[0]
+        matrix = getattr(self, first.name)
+        matrix = matrix[:, points] if first.right else matrix[points]
+        stages = (replace(first, out=matrix.shape[1] if first.right else matrix.shape[0]), *self._slab_stages[1:])
+        matrices = [matrix, *(getattr(self, stage.name) for stage in stages[1:])]
+        return self._run_chunks(stages, spectrum, "inverse_slab", out, matrices)
 
     @property
     def has_constant_mode(self) -> bool:

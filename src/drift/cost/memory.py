@@ -1,0 +1,132 @@
+"""The memory an FNO's forward or training step needs on a rank, before the ranks allocate it.
+
+``fno_memory`` estimates the peak bytes a rank holds (``MemoryEstimate``): the fields (the caller's input,
+the output, the activations a pass keeps, in multiples of one ``width``-channel field fitted per method and
+pass), the parameters (with their gradients and Adam's two moments for a step), the chunk-sized work
+buffers, and the process's start-up. ``floor`` is the forward's least: input, output and one activation.
+``refuse_if_short`` raises before anything is allocated when the estimate exceeds what a rank has.
+
+The field multiples were fitted to ``drift.memory.LiveBytes`` peaks of width-20 FNOs (2 and 4 layers;
+1024 x 512 and 32 x 32 x 16 x 30 on one rank; ``tests/test_memory.py`` checks them) and rounded up: the
+estimate errs above, by the start-up's share on small grids and by a few percent on the benchmark's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+# Chunk-sized buffers a rank keeps whatever the grid: drift's plan workspace (its WORK_BYTES, shared by the
+# blocks) and the streaming slabs and projection chunks (two CHUNK_BYTES).
+WORK_BYTES = 64 * 2**20 + 2 * 16 * 2**20
+# A rank's private memory before its first tensor: torch, its libraries' data and a Gloo group (measured by
+# ``drift bench capacity``: 0.15 GB of torch, about 0.1 GB of the group and allocator).
+STARTUP_BYTES = 256 * 2**20
+ADAM_COPIES = 4  # a parameter, its gradient and Adam's two moments
+
+
+class Pass(Enum):
+    """What runs: a forward without autograd (streaming where the blocks are plain), a training step that
+    keeps every block's activations (``STEP``), or one that recomputes them (``RECOMPUTE_STEP``)."""
+
+    FORWARD = "forward"
+    STEP = "step"
+    RECOMPUTE_STEP = "recompute step"
+
+
+# Width-channel fields a pass holds at its peak beyond input and output: (fixed, per layer), for drift and
+# for the dfno methods, on 2-D grids and on grids of 3 or more dims.
+_FIELDS = {
+    ("drift", Pass.FORWARD, False): (1.0, 0.0),
+    ("drift", Pass.FORWARD, True): (1.0, 0.0),
+    ("drift", Pass.STEP, False): (2.0, 2.0),
+    ("drift", Pass.STEP, True): (2.0, 2.3),
+    ("drift", Pass.RECOMPUTE_STEP, False): (3.1, 1.0),
+    ("drift", Pass.RECOMPUTE_STEP, True): (3.1, 1.0),
+    ("dfno", Pass.FORWARD, False): (3.8, 0.0),
+    ("dfno", Pass.FORWARD, True): (7.0, 0.0),
+    ("dfno", Pass.STEP, False): (6.0, 2.0),
+    ("dfno", Pass.STEP, True): (16.5, 1.0),
+    ("dfno", Pass.RECOMPUTE_STEP, False): (7.0, 1.0),
+    ("dfno", Pass.RECOMPUTE_STEP, True): (16.5, 1.0),
+}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a rank holds at its peak, by part; ``total`` their sum, ``floor`` the forward's least (input,
+    output, one activation, the parameters and the start-up)."""
+
+    fields: int
+    parameters: int
+    work: int
+    startup: int
+    floor: int
+
+    @property
+    def total(self) -> int:
+        return self.fields + self.parameters + self.work + self.startup
+
+
+def fno_memory(
+    global_shape: tuple[int, ...],
+    parts: tuple[int, ...],
+    *,
+    in_channels: int,
+    out_channels: int,
+    width: int,
+    modes: tuple[int, ...],
+    n_layers: int = 4,
+    batch: int = 1,
+    method: str = "drift",
+    projection_width: int = 128,
+    dtype_bytes: int = 4,
+    activation_bytes: int | None = None,
+    pass_: Pass = Pass.FORWARD,
+    startup_bytes: int = STARTUP_BYTES,
+) -> MemoryEstimate:
+    """The peak bytes of the most loaded rank (``torch.chunk``'s first blocks) for a Li et al. FNO (plain
+    blocks) on ``batch`` samples of ``global_shape`` split ``parts`` ways per dim, ``modes`` Li et al.'s k
+    per dim (the last of a real transform keeps k, the others 2k). ``activation_bytes``: the streaming
+    forward's activations (2 for bfloat16; default ``dtype_bytes``)."""
+    if len(parts) != len(global_shape) or len(modes) != len(global_shape):
+        raise ValueError(f"parts {parts} and modes {modes} need one entry per dim of {global_shape}")
+    ranks = math.prod(parts)
+    points = batch * math.prod(math.ceil(n / p) for n, p in zip(global_shape, parts, strict=True))
+    family = "drift" if method == "drift" else "dfno"
+    fixed, per_layer = _FIELDS[(family, pass_, len(global_shape) > 2)]
+    activation = activation_bytes if pass_ is Pass.FORWARD and activation_bytes else dtype_bytes
+    field = width * points
+    io = (in_channels + out_channels) * points * dtype_bytes
+    kept = math.prod(2 * k for k in modes[:-1]) * modes[-1]
+    spectral = width * width * kept * 2 * dtype_bytes  # one layer's complex weight, whole
+    if method != "dfno":
+        spectral = math.ceil(spectral / ranks)  # sharded over the spatial ranks
+    pointwise = (in_channels + 1) * width + n_layers * (width + 1) * width
+    pointwise += (width + 1) * projection_width + (projection_width + 1) * out_channels
+    weights = n_layers * spectral + pointwise * dtype_bytes
+    if pass_ is Pass.FORWARD:
+        fields = io + field * activation + round((fixed - 1.0) * field * dtype_bytes)
+        parameters = weights
+    else:
+        fields = io + round((fixed + per_layer * n_layers) * field * dtype_bytes)
+        parameters = ADAM_COPIES * weights + 2 * spectral  # a layer's weight gradient built, then summed
+    floor = io + field * activation + weights + startup_bytes
+    return MemoryEstimate(fields, parameters, WORK_BYTES, startup_bytes, floor)
+
+
+class MemoryShortError(MemoryError):
+    """A pass whose estimated peak exceeds the memory a rank has."""
+
+
+def refuse_if_short(estimate: MemoryEstimate, available_bytes: int, what: str = "this pass") -> None:
+    """MemoryShortError naming the bytes a rank needs and has when ``estimate.total`` exceeds
+    ``available_bytes``: called before the ranks allocate (``drift train``, ``drift predict``)."""
+    if estimate.total > available_bytes:
+        raise MemoryShortError(
+            f"{what} needs about {estimate.total / 2**30:.2f} GiB a rank (fields {estimate.fields / 2**30:.2f}, "
+            f"parameters {estimate.parameters / 2**30:.2f}, work {estimate.work / 2**30:.2f}, start-up "
+            f"{estimate.startup / 2**30:.2f}) and {available_bytes / 2**30:.2f} GiB is available: use more ranks, "
+            "a smaller grid or batch, recompute (training) or bfloat16 activations (inference)"
+        )
