@@ -138,3 +138,27 @@ def test_an_autoregressive_run_resumes_as_it_would_have_gone_on(files, tmp_path,
     resumed = [a for a in options if a not in ("--recipe", "autoregressive")]
     assert main(["train", "--out", str(parts), *resumed, "--epochs", "3", "--resume"]) == 0, capsys.readouterr().err
     assert metric_rows(parts) == metric_rows(whole)  # one process computes both: the same bits
+
+
+def test_drift_generate_layout_writes_each_layout(tmp_path, capsys):
+    from drift.data import detect
+
+    for layout, name in (("darcy", "PDEBench Darcy"), ("groups", "PDEBench per-sample groups")):
+        out = tmp_path / f"{layout}.h5"
+        assert main(["generate", "--layout", layout, "--samples", "3", "--resolution", "8", "--out", str(out)]) == 0
+        assert detect(out).name == name and f"wrote {out}" in capsys.readouterr().out
+
+
+def test_recompute_blocks_trains_as_the_stored_path(files, tmp_path, capsys):
+    """--recompute blocks: the same gradients, so the same losses (one process computes both: bit for bit)."""
+    options = ["--data", str(files["groups-2d-one-shot"]), *TINY, "--t-in", "2", "--t-out", "3", "--no-plots"]
+    rows = []
+    for extra in ([], ["--recompute", "blocks"]):
+        out = tmp_path / f"run{len(extra)}"
+        assert main(["train", "--out", str(out), *options, *extra]) == 0, capsys.readouterr().err
+        rows.append(metric_rows(out))
+    assert rows[0] == rows[1]
+    from drift.train import build_model, config_from
+
+    recorded = json.loads((out / "checkpoints" / "epoch-0002" / "meta.json").read_text())["config"]
+    assert recorded["recompute"] == "blocks" and build_model(config_from(recorded), "cpu").recompute

@@ -27,8 +27,9 @@ __getattr__ = moved_names(__name__, {"drift": ("comm",), "drift.jobs": ("reports
 
 def _generate(args: argparse.Namespace) -> int:
     if args.layout is not None:
-        names = ("samples", "resolution", "frames", "dims", "seed")
-        return jobs.generate_layout(args.out, args.layout, **{name: getattr(args, name) for name in names})
+        names = ("samples", "resolution", "frames", "dims", "seed")  # unset: write_synthetic's defaults
+        options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+        return jobs.generate_layout(args.out, args.layout, **options)
     defaults = PROBLEM_DEFAULTS[args.problem]
     sized = {name: getattr(args, name) or value for name, value in defaults.items()}
     if args.problem == "ns2d":

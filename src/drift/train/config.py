@@ -72,6 +72,8 @@ LEGACY_OPTIONS = dict(
 )
 # --recipe: how the model learns (drift.recipes); auto: static for static data, else one-shot.
 RECIPE_CHOICES = (*RECIPES, AUTO)
+# --recompute: what a training step recomputes in its backward pass instead of keeping (drift.nn.set_recompute).
+RECOMPUTE = ("blocks",)
 # Options a resumed run or an evaluation takes from its checkpoint when they are left unset.
 UNSET = dict(recipe=AUTO, modes=None, domain_padding=None)
 
@@ -213,6 +215,13 @@ class TrainConfig:
         check=positive,
     )
     layers: int = option(4, "Fourier blocks", parse=positive_int, check=at_least(1))
+    recompute: str | None = option(
+        None,
+        "blocks: keep only each Fourier block's input and recompute its activations in the backward pass "
+        "(torch.utils.checkpoint): less memory a step, more time; the same gradients",
+        choices=RECOMPUTE,
+        unset="keep every activation for the backward pass",
+    )
     epochs: int = option(4, "passes over the training trajectories", parse=positive_int, check=at_least(1))
     lr: float = option(3e-3, "(peak) learning rate", parse=positive_float, check=positive)
     weight_decay: float = option(1e-4, "AdamW's decoupled weight decay (0: Adam)", parse=float, check=non_negative)

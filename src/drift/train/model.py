@@ -51,11 +51,13 @@ def build_model(
 ) -> FNO:
     """The FNO for ``config`` and the data's ``channels`` (inputs, fields: ``fno_options``), its parameters
     drawn from ``torch.manual_seed(config.seed)`` (without touching the caller's random state),
-    parallelized over ``sharding``'s mesh when it has one. ``global_shape``: the model's input extents
+    parallelized over ``sharding``'s mesh when it has one, its blocks recomputed in the backward pass with
+    ``--recompute blocks``. ``global_shape``: the model's input extents
     (the spatial ones, then ``t_out`` for a one-shot model), which ``--method auto`` chooses by."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = FNO(**fno_options(config, *channels), method=config.method, device=device)
+    model.recompute = config.recompute == "blocks"
     if sharding is not None and sharding.mesh is not None:
         reduction = reduction_shape(config, sharding.mesh.size())
         if reduction is not None:
