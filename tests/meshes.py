@@ -30,6 +30,13 @@ def mesh_for(grid: Sequence[int]) -> tuple:
     return _MESHES[key]
 
 
+def model_mesh_for(grid: Sequence[int]) -> tuple:
+    """``mesh_for(grid)`` with placements for a model's input ``(batch, channels, *space)``: each spatial
+    ``Shard(i)`` moved past the batch and channel dims."""
+    mesh, placements = mesh_for(grid)
+    return mesh, tuple(Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements)
+
+
 def reduction_for(grid: Sequence[int], shape: Sequence[int]):
     """``drift.reduction_mesh`` of ``shape`` over the field of ``mesh_for(grid)``, made once per worker."""
     key = (tuple(grid), tuple(shape))

@@ -3,7 +3,6 @@ FNO training steps through pooled tensors equal to the model written out op by o
 
 from __future__ import annotations
 
-import ctypes
 import gc
 
 import pytest
@@ -125,16 +124,6 @@ def test_fno_training_steps_through_pooled_tensors(pool, monkeypatch):
     assert pool.cached_bytes() > 0
 
 
-@pytest.fixture
-def _memory_released():
-    """These tests hold fields of hundreds of MB: released after each, so that ranks forked later by the
-    same session (``drift bench capacity``'s, whose private memory is capped) do not inherit them."""
-    yield
-    gc.collect()
-    empty_cache()
-    ctypes.CDLL(None).malloc_trim(0)  # glibc keeps freed heap below its mmap threshold (32 MiB) otherwise
-
-
 # drift.cost.memory: the estimate is above drift.memory.LiveBytes' measured peak (start-up aside), and near it.
 ESTIMATED = [
     ((1024, 512), (8, 8), "drift", 2.0),  # 96 MB of chunk buffers on a 42 MB field
@@ -150,7 +139,7 @@ CASES = [(*case, p) for case in ESTIMATED for p in Pass if len(case[0]) == 2 or 
 
 
 @pytest.mark.parametrize(("shape", "modes", "method", "within", "pass_"), CASES, ids=lambda v: str(v))
-def test_memory_estimate_is_above_the_measured_peak(_memory_released, shape, modes, method, within, pass_):
+def test_memory_estimate_is_above_the_measured_peak(memory_released, shape, modes, method, within, pass_):
     torch.manual_seed(0)
     model = FNO(5, 5, 20, modes, n_layers=2, method=method)
     set_recompute(model, pass_ is Pass.RECOMPUTE_STEP)

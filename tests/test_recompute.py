@@ -3,15 +3,12 @@ pass give the stored path's gradients bitwise, on every method and mesh, and a s
 
 from __future__ import annotations
 
-import ctypes
-import gc
-
 import pytest
 import torch
 import torch.distributed as dist
 from harness import device_for
+from meshes import model_mesh_for
 from reference import random_tensor
-from torch.distributed.tensor import Shard
 
 import drift
 from drift.layout import to_dtensor
@@ -28,17 +25,9 @@ OPTIONS = {
     "li": {},
     "neuralop": dict(positional_embedding="grid", lifting_channel_ratio=2, use_channel_mlp=True, norm="group_norm"),
 }
-_MESHES: dict = {}
 
 
-@pytest.fixture(autouse=True)
-def _memory_released():
-    """These tests hold fields of hundreds of MB: released after each, so that ranks forked later by the
-    same session (``drift bench capacity``'s, whose private memory is capped) do not inherit them."""
-    yield
-    gc.collect()
-    empty_cache()
-    ctypes.CDLL(None).malloc_trim(0)  # glibc keeps freed heap below its mmap threshold (32 MiB) otherwise
+pytestmark = pytest.mark.usefixtures("memory_released")
 
 
 def _gradients(model: torch.nn.Module, x: torch.Tensor, recompute: bool) -> tuple[dict, torch.Tensor]:
@@ -54,10 +43,7 @@ def _gradients(model: torch.nn.Module, x: torch.Tensor, recompute: bool) -> tupl
 def _both_paths(grid, shape, modes, method, options):
     """On this rank: the parameters' and the input's gradients, stored and recomputed."""
     device = device_for(dist.get_rank())
-    if grid not in _MESHES:
-        mesh, placements = drift.grid_mesh(grid, device.type)
-        _MESHES[grid] = mesh, tuple(Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements)
-    mesh, placements = _MESHES[grid]
+    mesh, placements = model_mesh_for(grid)
     torch.manual_seed(4)
     model = FNO(3, 2, 8, modes, n_layers=3, method=method, device=device, **options)
     parallelize(model, mesh, placements)

@@ -4,15 +4,13 @@ peaks near the floor ``(in + out + width) x bytes x points`` by ``drift.memory.L
 
 from __future__ import annotations
 
-import ctypes
-import gc
-
 import pytest
 import torch
 import torch.distributed as dist
 from harness import device_for
+from meshes import model_mesh_for
 from reference import TOL, random_tensor, rel_err
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
 import drift
 from drift.layout import to_dtensor
@@ -26,27 +24,16 @@ MESHES = {
     "4d-slab4": ((4, 1, 1, 1), (12, 10, 8, 6), (2, 2, 2, 3)),
     "4d-pencil4": ((2, 2, 1, 1), (12, 10, 8, 6), (2, 2, 2, 3)),
 }
-_MESHES: dict = {}
 
 
-@pytest.fixture(autouse=True)
-def _memory_released():
-    """These tests hold fields of hundreds of MB: released after each, so that ranks forked later by the
-    same session (``drift bench capacity``'s, whose private memory is capped) do not inherit them."""
-    yield
-    gc.collect()
-    empty_cache()
-    ctypes.CDLL(None).malloc_trim(0)  # glibc keeps freed heap below its mmap threshold (32 MiB) otherwise
+pytestmark = pytest.mark.usefixtures("memory_released")
 
 
 def _forwards(grid, shape, modes, method, activations):
     """This rank's block of the recorded and streaming outputs, the streaming one in ``inference_mode``
     too, and whether the input block came back untouched."""
     device = device_for(dist.get_rank())
-    if grid not in _MESHES:
-        mesh, placements = drift.grid_mesh(grid, device.type)
-        _MESHES[grid] = mesh, tuple(Shard(p.dim + 2) if isinstance(p, Shard) else p for p in placements)
-    mesh, placements = _MESHES[grid]
+    mesh, placements = model_mesh_for(grid)
     torch.manual_seed(5)
     model = FNO(3, 2, 8, modes, n_layers=3, method=method, device=device)
     if activations is not None:
