@@ -65,6 +65,10 @@ class Recipe:
         """Which frames of a trajectory are read as ``x`` and as ``y``."""
         return slice(0, t_in), slice(t_in, t_in + t_out)
 
+    def frame_counts(self, t_in: int, t_out: int) -> tuple[int, int]:
+        """How many frames ``frames`` reads as ``x`` and as ``y``."""
+        return tuple(s.stop - s.start for s in self.frames(t_in, t_out))
+
     def assemble(self, x: torch.Tensor, t_out: int) -> torch.Tensor:
         """``x`` as the batch holds it between its read and the step (the one-shot model's input is made
         where the batch is read, off the step's thread)."""

@@ -112,7 +112,7 @@ class Trajectories(torch.utils.data.Dataset):
         self.recipe = recipe or (STATIC if self.files.static else ONE_SHOT)
         self.fields, self.inputs, self.mesh = self.files.fields, self.files.inputs, mesh
         self.x_frames, self.y_frames = self.recipe.frames(t_in, t_out)
-        self.t_in, self.t_out = (len(range(s.stop)[s]) for s in (self.x_frames, self.y_frames))
+        self.t_in, self.t_out = self.recipe.frame_counts(t_in, t_out)
         # The statistics' channels: a static problem's inputs, then its outputs; else the fields.
         self.channels = (*self.inputs, *self.fields) if self.files.static else self.fields
         trajectories, frames, extents = self.files.trajectories, self.files.frames, self.files.grid

@@ -43,7 +43,7 @@ class Predictor(nn.Module):
         self.model, self.recipe = model, recipe
         self.fields = tuple(fields or stats.fields)
         self.inputs = tuple(inputs or self.fields)
-        self.t_in, self.t_out = (len(range(s.stop)[s]) for s in recipe.frames(t_in, t_out))
+        self.t_in, self.t_out = recipe.frame_counts(t_in, t_out)
         first = len(stats.fields) - len(self.fields)  # a static problem's inputs come first
         device = next(model.parameters()).device
         for name, values in (("mean", stats.mean), ("std", stats.std)):

@@ -40,8 +40,9 @@ def check_config(config: TrainConfig, world_size: int) -> None:
     if config.resume:
         resume_point(config)
     if config.data is not None:
-        config = resolve_problem(config)
-        check_data(config, world_size)
+        files = DataFiles(config.data)
+        config = resolve_problem(config, files)
+        check_data(config, files, world_size)
     if config.factorization is not None:
         shape = (config.width, config.width, *mode_counts(problem_modes(config), real=True))
         try:
@@ -50,10 +51,9 @@ def check_config(config: TrainConfig, world_size: int) -> None:
             raise ConfigError(f"--rank {config.rank}: {exc}") from None
 
 
-def check_data(config: TrainConfig, world_size: int) -> None:
-    """ConfigError unless ``config`` (resolved: ``resolve_problem``) fits its data: the test files' layout,
-    fields and grid, the frames, the split, the grid of ranks and the modes."""
-    files = DataFiles(config.data)
+def check_data(config: TrainConfig, files: DataFiles, world_size: int) -> None:
+    """ConfigError unless ``config`` (resolved: ``resolve_problem``) fits its data ``files``: the test files'
+    layout, fields and grid, the frames, the split, the grid of ranks and the modes."""
     frames = 1 if files.static else config.t_in + config.t_out
     if config.test_data:
         test = DataFiles(config.test_data)
