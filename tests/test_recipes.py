@@ -4,6 +4,9 @@ last frame, the static and one-shot recipes call the model once on the input the
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -142,3 +145,9 @@ def test_the_relative_l2_loss_has_the_global_losss_value_and_gradient():
     loss = relative_l2(pred, y, [0, 1, 2], 3, 1)
     loss.backward()
     assert abs(float(loss) - float(direct)) <= 1e-15 and float((pred.grad - want).abs().max()) <= 1e-15
+
+
+@pytest.mark.parametrize("module", ["drift.recipes", "drift.data.assembly", "drift.data"])
+def test_each_module_imports_first(module):
+    # The recipes and the data sets import each other's names: each must import in a fresh interpreter.
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, capture_output=True, timeout=120)

@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 import drift
 from drift.layout import to_dtensor
 from drift.memory import LiveBytes, empty_cache
-from drift.nn import FNO, parallelize
+from drift.nn import FNO, NEURALOP_DEFAULTS, parallelize
 
 # (grid of ranks per spatial dim, spatial extents, modes): 2-D and 3D+time, one rank, a slab and a pencil.
 MESHES = {
@@ -29,13 +29,15 @@ MESHES = {
 pytestmark = pytest.mark.usefixtures("memory_released")
 
 
-def _forwards(grid, shape, modes, method, activations):
+def _forwards(grid, shape, modes, method, activations, neuralop=False):
     """This rank's block of the recorded and streaming outputs, the streaming one in ``inference_mode``
-    too, and whether the input block came back untouched."""
+    too, and whether the input block came back untouched; ``neuralop``: the model takes neuraloperator's
+    options (a two-layer lift, the grid embedding, a channel MLP and a soft-gating skip in every block)."""
     device = device_for(dist.get_rank())
     mesh, placements = model_mesh_for(grid)
     torch.manual_seed(5)
-    model = FNO(3, 2, 8, modes, n_layers=3, method=method, device=device)
+    options = dict(NEURALOP_DEFAULTS) if neuralop else {}
+    model = FNO(3, 2, 8, modes, n_layers=3, method=method, device=device, **options)
     if activations is not None:
         model.activations = activations
     parallelize(model, mesh, placements)
@@ -68,6 +70,35 @@ def test_streaming_forward_equals_the_recorded_one(ranks, mesh, method):
         assert torch.equal(inferred, streamed)
 
 
+@pytest.mark.parametrize("method", drift.nn.METHODS)
+@pytest.mark.parametrize("mesh", ["2d-slab4", "4d-pencil4"], ids=str)
+def test_streaming_forward_of_neuralop_blocks_equals_the_recorded_one(ranks, mesh, method):
+    grid, shape, modes = MESHES[mesh]
+    if method == "dfno-pruned" and all(p > 1 for p in grid):
+        grid = (4, 1, 1, 1)  # dfno-pruned needs a whole dim
+    results = ranks.run(4, _forwards, grid, shape, modes, method, None, True)
+    for recorded, streamed, inferred, untouched in results:
+        assert untouched
+        assert rel_err(streamed, recorded) <= TOL[torch.float32]
+        assert torch.equal(inferred, streamed)
+
+
+def test_neuralop_blocks_stream():
+    """A model of neuraloperator's options streams (one resident field after a forward) unless a channel
+    MLP draws dropout masks."""
+    model = FNO(3, 2, 8, (4, 4), n_layers=2, **NEURALOP_DEFAULTS)
+    with torch.no_grad():
+        model(torch.randn(1, 3, 64, 64))
+    assert any(t.numel() == 8 * 64 * 64 for t in model.executor.resident())
+    dropping = FNO(3, 2, 8, (4, 4), n_layers=2, channel_mlp_dropout=0.1, **NEURALOP_DEFAULTS)
+    with torch.no_grad():
+        dropping(torch.randn(1, 3, 64, 64))
+        assert not any(t.numel() == 8 * 64 * 64 for t in dropping.executor.resident())
+        dropping.eval()
+        dropping(torch.randn(1, 3, 64, 64))
+    assert any(t.numel() == 8 * 64 * 64 for t in dropping.executor.resident())
+
+
 def _floor_bytes(model: FNO, x: torch.Tensor) -> int:
     """The input, the output and one activation, and the parameters (which the forward reads: 0.84 GB for
     the paper's 3D+time modes, 3 MB in 2-D)."""
@@ -77,13 +108,21 @@ def _floor_bytes(model: FNO, x: torch.Tensor) -> int:
 
 
 @pytest.mark.parametrize(
-    ("shape", "modes"), [((1024, 1024), (8, 8)), ((48, 48, 24, 30), (8, 8, 8, 16))], ids=["2d", "3d+time"]
+    ("shape", "modes", "options"),
+    [
+        ((1024, 1024), (8, 8), {}),
+        ((48, 48, 24, 30), (8, 8, 8, 16), {}),
+        # Its channel MLPs' slab-sized work is a third of the floor at 1024^2.
+        ((2048, 2048), (8, 8), NEURALOP_DEFAULTS),
+    ],
+    ids=["2d", "3d+time", "2d-neuralop"],
 )
-def test_streaming_forward_peaks_within_1_3x_of_the_floor(shape, modes):
+def test_streaming_forward_peaks_within_1_3x_of_the_floor(shape, modes, options):
     """One rank: the input, the output, one width-20 activation and the parameters at the floor (without
-    streaming 1.75x at 1024^2). Measured on a fresh model, its resident buffers included."""
+    streaming 1.75x at 1024^2; neuraloperator's blocks 4.8 fields more). Measured on a fresh model, its
+    resident buffers included."""
     torch.manual_seed(0)
-    model = FNO(5, 5, 20, modes)
+    model = FNO(5, 5, 20, modes, **options)
     x = torch.randn(1, 5, *shape)
     empty_cache()
     with torch.no_grad(), LiveBytes() as counted:
@@ -128,3 +167,11 @@ def test_bf16_activations_on_a_mesh(ranks):
 def test_activations_must_be_a_floating_dtype():
     with pytest.raises(ValueError, match="activations"):
         FNO(3, 2, 8, (4, 4), activations=torch.int8)
+
+
+@pytest.mark.parametrize("options", [{}, NEURALOP_DEFAULTS], ids=["plain", "neuralop"])
+def test_an_empty_batch_passes_through(options):
+    # A data-parallel rank's share of a last, short test batch can be empty.
+    model = FNO(3, 2, 8, (4, 4), **options)
+    with torch.no_grad():
+        assert model(torch.randn(0, 3, 16, 16)).shape == (0, 2, 16, 16)

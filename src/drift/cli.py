@@ -17,6 +17,7 @@ from drift.arguments import indices, positive, rank_grid
 from drift.bench.cli import add_parser as add_bench_parser
 from drift.data.synthetic import LAYOUTS
 from drift.jobs import commands as jobs
+from drift.nn import ACTIVATION_DTYPES
 from drift.options import add_options
 from drift.train import TrainConfig, config_from
 from drift.train.config import DEVICES, METHOD_CHOICES
@@ -52,12 +53,13 @@ def _train(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     names = ("checkpoint", "data", "test_data", "resolution", "method", "grid", "data_parallel", "device", "batch_size")
+    names += ("activations",)
     return jobs.evaluate(nproc=args.nproc, json_path=args.json, **{name: getattr(args, name) for name in names})
 
 
 def _predict(args: argparse.Namespace) -> int:
     names = ("checkpoint", "data", "out", "trajectories", "resolution", "method", "grid", "data_parallel", "force")
-    names += ("device", "batch_size", "progress")
+    names += ("device", "batch_size", "progress", "activations")
     return jobs.predict(nproc=args.nproc, **{name: getattr(args, name) for name in names})
 
 
@@ -190,6 +192,12 @@ def _add_trained_layout(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-parallel", type=positive(int), default=1, metavar="D", help="data-parallel ranks")
     parser.add_argument("--nproc", type=positive(int), help="local ranks to start (default 1)")
     parser.add_argument("--device", choices=DEVICES, default="cpu")
+    parser.add_argument(
+        "--activations",
+        choices=tuple(ACTIVATION_DTYPES),
+        default="float32",
+        help="the fields between the model's blocks (bfloat16: half their memory; each block computes in float32)",
+    )
 
 
 def _add_predict(commands) -> None:

@@ -4,12 +4,12 @@ input, and the model's output the predicted frames, the one convention that trai
 
 Every recipe reads an item as ``x`` ``(batch, x channels, x frames, *space)`` and ``y`` ``(batch, y
 channels, y frames, *space)`` (``frames`` says which frames) and predicts ``y`` in the target's layout
-``(batch, y channels, *space, y frames)`` (``drift.data.model_target``):
+``(batch, y channels, *space, y frames)`` (``model_target``):
 
 - ``STATIC``: input fields to output fields (Darcy flow: the coefficient to the pressure), one frame
   each; the FNO works on the spatial dims.
 - ``ONE_SHOT``: ``t_in`` frames in, the next ``t_out`` frames out at once; the FNO works on the spatial
-  dims and time (``drift.data.model_input``: the input frames as channels repeated along ``t_out`` time
+  dims and time (``model_input``: the input frames as channels repeated along ``t_out`` time
   points, and the time).
 - ``AUTOREGRESSIVE``: ``t_in`` frames in (as channels), the next frame out, fed back ``t_out`` times (as
   PDEBench's FNO baselines train); its training options (``Unroll``): the pushforward trick (the first
@@ -27,10 +27,26 @@ from dataclasses import dataclass
 
 import torch
 
-from drift.data.assembly import model_input
 from drift.layout import local_block
 
 Wrap = Callable[[torch.Tensor], torch.Tensor]
+
+
+def model_input(x: torch.Tensor, t_out: int) -> torch.Tensor:
+    """``(batch, fields, t_in, *block)`` input frames -> the FNO's ``(batch, fields * t_in + 1, *block, t_out)``:
+    every input frame repeated along a new last dim of ``t_out`` steps, then one channel holding each step's
+    time ``(j + 1) / t_out``."""
+    b, f, t_in, *block = x.shape
+    frames = x.reshape(b, f * t_in, *block, 1).expand(-1, -1, *block, t_out)
+    t = torch.arange(1, t_out + 1, dtype=x.dtype, device=x.device) / t_out
+    return torch.cat([frames, t.expand(b, 1, *block, t_out)], dim=1)
+
+
+def model_target(y: torch.Tensor) -> torch.Tensor:
+    """``(batch, fields, t_out, *block)`` target frames -> the FNO's ``(batch, fields, *block, t_out)``."""
+    return y.movedim(2, -1)
+
+
 TARGETS = ("state", "increment")  # what the autoregressive model predicts: the next frame, or its change
 
 

@@ -39,10 +39,9 @@ from drift.bench.blocks import FIELDS, as_model_input, distribute, random_input
 from drift.bench.runner import available_gb, peak_private_gb, peak_rss_gb
 from drift.cost import Pass, fno_memory
 from drift.jobs.launch import RankError, run_ranks
-from drift.nn import FNO, METHODS
+from drift.nn import ACTIVATION_DTYPES, FNO, METHODS
 
 TIME_STEPS = 30  # the paper's time extent (t_out = 16 kept of 30)
-ACTIVATIONS = {"float32": None, "bfloat16": torch.bfloat16}  # --activations: the streaming forward's fields
 
 
 def grid_shape(dims: int, n: int) -> tuple[int, ...]:
@@ -59,7 +58,8 @@ def _trial_worker(
     shape: tuple[int, ...], modes: tuple, width: int, method: str, train: bool, recompute: bool, activations: str
 ) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = FNO(FIELDS, FIELDS, width, modes, method=method, recompute=recompute, activations=ACTIVATIONS[activations])
+    fields = ACTIVATION_DTYPES[activations]
+    model = FNO(FIELDS, FIELDS, width, modes, method=method, recompute=recompute, activations=fields)
     layout = distribute(model, shape)
     x = as_model_input(random_input(layout, FIELDS), layout)
     start = time.perf_counter()
@@ -258,7 +258,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n-2d", type=positive_int, default=8192, help="2-D: the largest n tried")
     parser.add_argument("--recompute", action="store_true", help="train with the blocks recomputed in the backward")
     parser.add_argument(
-        "--activations", choices=tuple(ACTIVATIONS), default="float32", help="the streaming forward's fields"
+        "--activations", choices=tuple(ACTIVATION_DTYPES), default="float32", help="the streaming forward's fields"
     )
     parser.add_argument("--trial-timeout", type=positive_float, default=600.0, help="seconds per trial")
     parser.add_argument("--out", type=Path, default=Path("results/bench/capacity"))

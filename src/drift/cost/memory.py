@@ -14,6 +14,7 @@ estimate errs above, by the start-up's share on small grids and by a few percent
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -39,11 +40,11 @@ class Pass(Enum):
 # for the dfno methods, on 2-D grids and on grids of 3 or more dims.
 _FIELDS = {
     ("drift", Pass.FORWARD, False): (1.0, 0.0),
-    ("drift", Pass.FORWARD, True): (1.0, 0.0),
+    ("drift", Pass.FORWARD, True): (1.1, 0.0),  # the private memory of 4 ranks at 160 x 160 x 80 x 30
     ("drift", Pass.STEP, False): (2.0, 2.0),
     ("drift", Pass.STEP, True): (2.0, 2.3),
     ("drift", Pass.RECOMPUTE_STEP, False): (3.1, 1.0),
-    ("drift", Pass.RECOMPUTE_STEP, True): (3.1, 1.0),
+    ("drift", Pass.RECOMPUTE_STEP, True): (4.0, 1.0),  # 4 ranks' private memory at 80 x 80 x 40 x 30
     ("dfno", Pass.FORWARD, False): (3.8, 0.0),
     ("dfno", Pass.FORWARD, True): (7.0, 0.0),
     ("dfno", Pass.STEP, False): (6.0, 2.0),
@@ -51,6 +52,17 @@ _FIELDS = {
     ("dfno", Pass.RECOMPUTE_STEP, False): (7.0, 1.0),
     ("dfno", Pass.RECOMPUTE_STEP, True): (16.5, 1.0),
 }
+# What neuraloperator's options (``drift.nn.NEURALOP_DEFAULTS``: the grid embedding, a lifting and a
+# projection twice the width, a channel MLP and a soft-gating skip in every block) add to those fields: a
+# step keeps the channel MLP's fields (the forward streams them a slab at a time).
+_NEURALOP_EXTRA = {Pass.FORWARD: (0.0, 0.0), Pass.STEP: (3.5, 3.0), Pass.RECOMPUTE_STEP: (8.1, 0.0)}
+# Fields an unrolled step keeps beyond its blocks' inputs when the blocks recompute (the lift's output,
+# the projection's input): plain, and with neuraloperator's options.
+_UNROLL_KEPT = {False: 2.0, True: 5.8}
+# Values of dtype_bytes a point that a rank's private memory holds beyond its tensors when the streaming
+# forward keeps its fields in a lower precision (measured by ``drift bench capacity --activations bfloat16``
+# at 8,192^2-13,312^2 on 4 ranks: 84.8 bytes a point against the tensors' 80; the allocator's pages).
+_CONVERSION_SLACK = 1.25
 
 
 @dataclass(frozen=True)
@@ -84,33 +96,52 @@ def fno_memory(
     dtype_bytes: int = 4,
     activation_bytes: int | None = None,
     pass_: Pass = Pass.FORWARD,
+    neuralop: bool = False,
+    steps: int = 1,
+    padding: float | Sequence[float] = 0.0,
     startup_bytes: int = STARTUP_BYTES,
 ) -> MemoryEstimate:
     """The peak bytes of the most loaded rank (``torch.chunk``'s first blocks) for a Li et al. FNO (plain
-    blocks) on ``batch`` samples of ``global_shape`` split ``parts`` ways per dim, ``modes`` Li et al.'s k
-    per dim (the last of a real transform keeps k, the others 2k). ``activation_bytes``: the streaming
-    forward's activations (2 for bfloat16; default ``dtype_bytes``)."""
+    blocks, or neuraloperator's with ``neuralop``: ``drift.nn.NEURALOP_DEFAULTS``) on ``batch`` samples of
+    ``global_shape`` split ``parts`` ways per dim, ``modes`` Li et al.'s k per dim (the last of a real
+    transform keeps k, the others 2k). ``activation_bytes``: the streaming forward's activations (2 for
+    bfloat16; default ``dtype_bytes``). ``steps``: the model calls whose activations a step keeps for its
+    backward pass (an autoregressive unroll's counted frames). ``padding``: the domain padding's fraction
+    of every dim, or of each (the blocks' fields grow by it)."""
     if len(parts) != len(global_shape) or len(modes) != len(global_shape):
         raise ValueError(f"parts {parts} and modes {modes} need one entry per dim of {global_shape}")
     ranks = math.prod(parts)
     points = batch * math.prod(math.ceil(n / p) for n, p in zip(global_shape, parts, strict=True))
     family = "drift" if method == "drift" else "dfno"
     fixed, per_layer = _FIELDS[(family, pass_, len(global_shape) > 2)]
+    if neuralop:
+        fixed, per_layer = fixed + _NEURALOP_EXTRA[pass_][0], per_layer + _NEURALOP_EXTRA[pass_][1]
+    kept = fixed + per_layer * n_layers  # width-channel fields at the peak of one model call
+    if pass_ is Pass.STEP:
+        kept *= steps
+    elif pass_ is Pass.RECOMPUTE_STEP:
+        kept += (steps - 1) * (_UNROLL_KEPT[neuralop] + n_layers)
     activation = activation_bytes if pass_ is Pass.FORWARD and activation_bytes else dtype_bytes
-    field = width * points
-    io = (in_channels + out_channels) * points * dtype_bytes
-    kept = math.prod(2 * k for k in modes[:-1]) * modes[-1]
-    spectral = width * width * kept * 2 * dtype_bytes  # one layer's complex weight, whole
+    pads = (padding,) * len(global_shape) if isinstance(padding, int | float) else tuple(padding)
+    field = width * math.ceil(points * math.prod(1 + p for p in pads))
+    io = (in_channels + out_channels * steps) * points * dtype_bytes
+    retained = math.prod(2 * k for k in modes[:-1]) * modes[-1]
+    spectral = width * width * retained * 2 * dtype_bytes  # one layer's complex weight, whole
     if method != "dfno":
         spectral = math.ceil(spectral / ranks)  # sharded over the spatial ranks
     pointwise = (in_channels + 1) * width + n_layers * (width + 1) * width
     pointwise += (width + 1) * projection_width + (projection_width + 1) * out_channels
+    if neuralop:  # a lifting and a projection through 2 x width channels, a channel MLP and a skip a block
+        lift = (in_channels + len(global_shape) + 1) * 2 * width + (2 * width + 1) * (width + out_channels)
+        pointwise = lift + n_layers * 2 * (width + 1) * width + 2 * width * width
     weights = n_layers * spectral + pointwise * dtype_bytes
     if pass_ is Pass.FORWARD:
-        fields = io + field * activation + round((fixed - 1.0) * field * dtype_bytes)
+        fields = io + field * activation + round((kept - 1.0) * field * dtype_bytes)
+        if activation < dtype_bytes:
+            fields += round(_CONVERSION_SLACK * points * dtype_bytes)
         parameters = weights
     else:
-        fields = io + round((fixed + per_layer * n_layers) * field * dtype_bytes)
+        fields = io + round(kept * field * dtype_bytes)
         parameters = ADAM_COPIES * weights + 2 * spectral  # a layer's weight gradient built, then summed
     floor = io + field * activation + weights + startup_bytes
     return MemoryEstimate(fields, parameters, WORK_BYTES, startup_bytes, floor)
@@ -120,13 +151,15 @@ class MemoryShortError(MemoryError):
     """A pass whose estimated peak exceeds the memory a rank has."""
 
 
-def refuse_if_short(estimate: MemoryEstimate, available_bytes: int, what: str = "this pass") -> None:
-    """MemoryShortError naming the bytes a rank needs and has when ``estimate.total`` exceeds
-    ``available_bytes``: called before the ranks allocate (``drift train``, ``drift predict``)."""
+def refuse_if_short(estimate: MemoryEstimate, available_bytes: int, what: str = "this pass", source: str = "") -> None:
+    """MemoryShortError naming the bytes a rank needs and has (from ``source``, as ``drift.budget.RankBudget``
+    names it) when ``estimate.total`` exceeds ``available_bytes``: called before the ranks allocate
+    (``drift train``, ``drift predict``)."""
     if estimate.total > available_bytes:
         raise MemoryShortError(
             f"{what} needs about {estimate.total / 2**30:.2f} GiB a rank (fields {estimate.fields / 2**30:.2f}, "
             f"parameters {estimate.parameters / 2**30:.2f}, work {estimate.work / 2**30:.2f}, start-up "
-            f"{estimate.startup / 2**30:.2f}) and {available_bytes / 2**30:.2f} GiB is available: use more ranks, "
-            "a smaller grid or batch, recompute (training) or bfloat16 activations (inference)"
+            f"{estimate.startup / 2**30:.2f}) and {available_bytes / 2**30:.2f} GiB is available"
+            + (f" ({source})" if source else "")
+            + ": use more ranks, a smaller grid or batch, recompute (training) or bfloat16 activations (inference)"
         )

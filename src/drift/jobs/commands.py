@@ -104,12 +104,21 @@ def _solve_ns2d(path: str, device: str, options: dict) -> dict:
     return generate_ns2d(path, **options)
 
 
-def _on_ranks(nproc: int, fn: Callable[[Any], Any], arg: Any, device: str, pool: bool = False) -> Any:
-    """Rank 0's ``fn(arg)``: called here for one rank (unless ``pool``), else on ``nproc`` fresh local
-    ranks on ``device``."""
+def _on_ranks(
+    nproc: int,
+    fn: Callable[[Any], Any],
+    arg: Any,
+    device: str,
+    pool: bool = False,
+    rank_memory_bytes: int | None = None,
+) -> Any:
+    """Rank 0's ``fn(arg)``: called here for one rank (unless ``pool`` or ``rank_memory_bytes``), else on
+    ``nproc`` fresh local ranks on ``device``, each held to ``rank_memory_bytes`` of private memory."""
     from drift.jobs.launch import run_ranks
 
-    return fn(arg) if nproc == 1 and not pool else run_ranks(nproc, fn, arg, device=device)[0]
+    if nproc == 1 and not pool and rank_memory_bytes is None:
+        return fn(arg)
+    return run_ranks(nproc, fn, arg, device=device, rank_memory_bytes=rank_memory_bytes)[0]
 
 
 def _train_restarting(config: TrainConfig, expected: tuple[type, ...]) -> list[dict] | Stopped:
@@ -123,9 +132,14 @@ def _train_restarting(config: TrainConfig, expected: tuple[type, ...]) -> list[d
 
     restarts = config.max_restarts
     pool = restarts > 0  # one rank too runs in a process of its own, which may die
+    # On the CPU --memory-per-rank stands in for an accelerator's memory: the ranks are held to it (a GPU
+    # holds its own).
+    held = None
+    if config.memory_per_rank is not None and config.device == "cpu":
+        held = round(config.memory_per_rank * 2**30)
     for attempt in range(1, restarts + 1):
         try:
-            return _on_ranks(config.nproc, train_rank, config, config.device, pool)
+            return _on_ranks(config.nproc, train_rank, config, config.device, pool, held)
         except RankError as exc:
             report = exc.reports.get(exc.first, "")
             if exc.first is None or (reports.raised(report, expected) and not reports.raised(report, (PeersLost,))):
@@ -133,7 +147,7 @@ def _train_restarting(config: TrainConfig, expected: tuple[type, ...]) -> list[d
             config = restarted(config)
             how = "resuming from the latest checkpoint" if config.resume else "from the start"
             print(f"drift train: {exc}; restart {attempt} of {restarts}, {how}", file=sys.stderr)
-    return _on_ranks(config.nproc, train_rank, config, config.device, pool)
+    return _on_ranks(config.nproc, train_rank, config, config.device, pool, held)
 
 
 def _expected_errors() -> tuple[type, ...]:
@@ -320,16 +334,17 @@ def predict(*, nproc: int | None = None, **options: Any) -> int:
     from drift.checkpoint import CheckpointError
     from drift.data.writer import OutputError
     from drift.jobs.launch import RankError, launched
-    from drift.predict import plan_prediction
+    from drift.predict import check_prediction_memory, plan_prediction
     from drift.predict import predict as predict_on_ranks
 
     rank = int(os.environ.get("RANK", 0)) if launched() else 0
-    run = {name: options.pop(name) for name in ("device", "batch_size", "progress")}
+    run = {name: options.pop(name) for name in ("device", "batch_size", "progress", "activations")}
     try:
         if run["device"] == "cuda" and torch.cuda.device_count() < 1:
             raise ValueError("--device cuda: no CUDA device is available")
         ranks = int(os.environ["WORLD_SIZE"]) if launched() else nproc or 1
-        plan_prediction(**options, world_size=ranks)  # the inputs and the output, before any rank starts
+        plan = plan_prediction(**options, world_size=ranks)  # the inputs and the output, before any rank starts
+        check_prediction_memory(plan, ranks, run["device"], run["batch_size"], run["activations"])
         call = (predict_on_ranks, options | run)
         result = _in_group(call) if launched() else _on_ranks(ranks, _in_group, call, run["device"])
     except (ValueError, CheckpointError, OutputError, RankError) as exc:

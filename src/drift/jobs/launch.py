@@ -34,6 +34,7 @@ from drift.errors import PlanError
 GROUP_TIMEOUT_S = 1800.0  # generous: rank 0 may write the default data set first
 GRACE_S = 2.0  # after a rank fails, the others may answer this long (they may be stuck in a collective)
 POLL_S = 0.05  # how often the memory cap is checked
+JOINING = "joining the process group"
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1)  # what a pool passes on to its ranks while they run a task
 
 _device = torch.device("cpu")
@@ -249,8 +250,9 @@ class RankPool:
     ``device``: "cpu" (Gloo) or "cuda" (NCCL, rank r on GPU r; one GPU per rank, checked before any rank
     starts). ``threads``: threads per rank (default ``threads_per_rank(size)``). ``timeout_s``: the default
     limit of one call (None: none). ``group_timeout_s``: the collectives' timeout. ``memory_cap_gb``: the
-    limit of the ranks' summed private resident memory while a call runs (polled every 50 ms). Use as a
-    context manager or call ``close()``.
+    limit of the ranks' summed private resident memory while a call runs, ``rank_memory_bytes`` each
+    rank's (``drift train --memory-per-rank``), both polled every 50 ms. Use as a context manager or call
+    ``close()``.
     """
 
     def __init__(
@@ -262,6 +264,7 @@ class RankPool:
         timeout_s: float | None = None,
         group_timeout_s: float = GROUP_TIMEOUT_S,
         memory_cap_gb: float | None = None,
+        rank_memory_bytes: int | None = None,
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
@@ -269,6 +272,7 @@ class RankPool:
         if device == "cuda" and size > gpus:
             raise RankError(f"{size} ranks on CUDA need {size} GPUs (one each, for NCCL), found {gpus}")
         self.size, self.timeout_s, self.memory_cap_gb = size, timeout_s, memory_cap_gb
+        self.rank_memory_bytes = rank_memory_bytes
         self.alive = True
         context = mp.get_context("spawn")
         # The group's store lives here, bound to a free port at once: a port chosen and released for rank 0
@@ -283,7 +287,7 @@ class RankPool:
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
-        self._collect("joining the process group", group_timeout_s + 60.0, None)
+        self._collect(JOINING, group_timeout_s + 60.0, None)
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
         """``[fn(*args) on rank r for r in range(size)]`` (``fn`` importable, arguments and results
@@ -326,7 +330,8 @@ class RankPool:
         replies: dict[int, _Reply] = {}
         pending = dict(enumerate(self._conns))
         failed_at = math.inf
-        poll_s = math.inf if memory_cap_gb is None else POLL_S
+        rank_cap = None if what == JOINING else self.rank_memory_bytes
+        poll_s = math.inf if memory_cap_gb is None and rank_cap is None else POLL_S
         while pending and (now := time.monotonic()) < (end := min(deadline, failed_at + GRACE_S)):
             left = min(end - now, poll_s)
             ready = wait(list(pending.values()), timeout=None if left == math.inf else left)
@@ -339,6 +344,14 @@ class RankPool:
                     replies[rank] = _Reply(False, f"rank {rank} {died}", died)
                 if not replies[rank].ok:
                     failed_at = min(failed_at, time.monotonic())
+            if rank_cap is not None:
+                for rank, proc in enumerate(self._procs):
+                    if (used := _private_gb(proc.pid) * 1e9) > rank_cap:
+                        self._stop([])
+                        raise MemoryCapExceeded(
+                            f"rank {rank}'s private memory reached {used / 2**30:.2f} GiB, past the "
+                            f"{rank_cap / 2**30:.2f} GiB a rank may use"
+                        )
             if memory_cap_gb is not None:
                 used = sum(_private_gb(p.pid) for p in self._procs)
                 if used > memory_cap_gb:

@@ -4,7 +4,7 @@ from drift.cost import Machine
 from drift.nn.block import FNOBlock
 from drift.nn.executor import fno_block
 from drift.nn.factorized import FACTORIZATIONS, FactorizedWeight, cp_rank, tucker_rank
-from drift.nn.fno import FNO, NEURALOP_DEFAULTS, set_recompute
+from drift.nn.fno import ACTIVATION_DTYPES, FNO, NEURALOP_DEFAULTS, set_recompute
 from drift.nn.interop import (
     from_neuralop_factors,
     from_neuralop_weight,
@@ -22,6 +22,7 @@ from drift.nn.spectral import AUTO, METHODS, SpectralConv, mode_counts, resolve_
 
 # In the API reference's order: parallelize and the models first, then their parts.
 __all__ = [
+    "ACTIVATION_DTYPES",
     "parallelize",
     "FNO",
     "FNOBlock",

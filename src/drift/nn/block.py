@@ -101,6 +101,13 @@ class FNOBlock(nn.Module):
         """Whether the block is Li et al.'s ``act(K x + W x + b)`` alone: fused, no channel MLP."""
         return self.fused and self.channel_mlp is None
 
+    @property
+    def streams(self) -> bool:
+        """Whether the streaming forward (``drift.nn.streaming``) runs the block: fused, and its channel MLP
+        (if any) draws no dropout mask."""
+        mlp = self.channel_mlp
+        return self.fused and (mlp is None or mlp.dropout is None or not self.training)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(batch, width, *spatial)``, a plain tensor, or a DTensor once parallelized; returns the
         same shape alike."""

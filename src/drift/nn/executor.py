@@ -116,15 +116,15 @@ class Executor:
     ) -> tuple[bool, Iterator[torch.Tensor | None]]:
         """Whether the forward streams (``drift.nn.streaming``), and where the lift and each block after it
         write their output, for an input ``x`` ``(b, c, *spatial)``. An unrecorded forward of ``plain``
-        blocks (linear skips, no channel MLP, no norm) writes resident ``(b, width, *spatial)`` buffers, so
-        that it allocates no block-sized tensor but its output (on the CPU a fresh one costs its page faults
-        on every call: glibc maps it afresh): on real data it streams, one buffer (in ``activations``'
-        precision, default ``dtype``) that every block overwrites; on complex data two in turn. None each
-        otherwise (under autograd or autocast, or blocks that are not plain)."""
+        blocks (those the streaming forward runs: ``FNOBlock.streams``) writes resident ``(b, width,
+        *spatial)`` buffers, so that it allocates no block-sized tensor but its output (on the CPU a fresh
+        one costs its page faults on every call: glibc maps it afresh): on real data it streams, one buffer
+        (in ``activations``' precision, default ``dtype``) that every block overwrites; on complex data two
+        in turn. None each otherwise (under autograd or autocast, or blocks that are not plain)."""
         autograd = recorded(x, *params)
         if autograd:
             self.clear()
-        if not plain or autograd or autocasting(x):
+        if not plain or autograd or autocasting(x) or x.numel() == 0:  # an empty batch: nothing to stream
             return False, repeat(None)
         shape = (x.shape[0], width, *x.shape[2:])
         if not x.is_complex():

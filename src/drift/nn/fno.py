@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import nn
@@ -19,7 +20,7 @@ from drift.layout import Layout, to_dtensor
 from drift.modes import ModeSpec
 from drift.nn.block import FNOBlock
 from drift.nn.chunked import activate
-from drift.nn.embedding import EMBEDDINGS, grid_embedding
+from drift.nn.embedding import EMBEDDINGS, grid_coordinates, grid_embedding
 from drift.nn.executor import Executor
 from drift.nn.norm import NORMS
 from drift.nn.pointwise import SKIPS, PointwiseLinear
@@ -29,6 +30,8 @@ from drift.profiling import phase
 from drift.recording import autocasting, recorded
 
 PROJECTION_WIDTH = 128  # Li et al.'s hidden width of the projection
+# The streaming forward's fields between blocks by name (``--activations``): None keeps the parameters' dtype.
+ACTIVATION_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 # neuraloperator 2.0's FNO defaults for the options drift shares (FNO.neuralop_defaults).
 NEURALOP_DEFAULTS = dict(
@@ -270,15 +273,20 @@ class FNO(ConversionHooks):
         """The model on this rank's block ``x`` ``(b, in, *layout.local_shape)``: the lift, the blocks, the
         projection; each writes where ``self.executor`` says (resident buffers outside autograd)."""
         with phase("lift+projection"):
-            if self.positional_embedding == "grid":
-                x = grid_embedding(x, layout)
             width, dtype = self.project_hidden.weight.shape[1], self.lift.weight.dtype
-            plain = all(block.plain for block in self.blocks)
+            plain = all(block.streams for block in self.blocks)
             streams, outputs = self.executor.outputs(x, width, dtype, plain, self.parameters(), self.activations)
-            lift = self.lift
-            if self.lift_out is not None:
-                x, lift = activate(self.non_linearity, self.lift(x)), self.lift_out
-            x = lift_into(lift, x, next(outputs), self.executor.work) if streams else lift(x, out=next(outputs))
+            grid = self.positional_embedding == "grid"
+            if grid and not streams:
+                x = grid_embedding(x, layout)
+            if streams:
+                coordinates = partial(grid_coordinates, layout) if grid else None
+                lift_options = dict(lift_out=self.lift_out, act=self.non_linearity, coordinates=coordinates)
+                x = lift_into(self.lift, x, next(outputs), self.executor.work, **lift_options)
+            elif self.lift_out is not None:
+                x = self.lift_out(activate(self.non_linearity, self.lift(x)), out=next(outputs))
+            else:
+                x = self.lift(x, out=next(outputs))
         for block in self.blocks:
             self.executor.lend(block.spectral, layout)
             if streams:

@@ -14,13 +14,15 @@ points`` a rank (``drift.cost.memory``). The streaming forward keeps that and ch
   move it); the block's tail accumulates into it and its activation is written over the input;
 - the projection runs a chunk of points at a time into the fresh output (``mlp_unrecorded``).
 
-Blocks with a channel MLP, a norm or a skip that is not linear, complex data and autocast take the
-executor's other paths.
+A block's channel MLP and its skip (neuraloperator's blocks) run on each slab too (``mlp_tail``) before
+it is written over the input. Blocks with a norm, a skip that is not linear or dropout in training mode,
+complex data and autocast take the executor's other paths.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -38,25 +40,47 @@ def _chunk_bytes(device: torch.device) -> int:
     return chunk_bound(CHUNK_BYTES, OTHER_DEVICES_CHUNK_BYTES, device)
 
 
-def lift_into(lift: PointwiseLinear, x: torch.Tensor, out: torch.Tensor, work: Workspace) -> torch.Tensor:
+def lift_into(
+    lift: PointwiseLinear,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    work: Workspace,
+    lift_out: PointwiseLinear | None = None,
+    act=None,
+    coordinates: Callable[[int, int, torch.dtype, torch.device], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """``out`` ``(b, width, *spatial)`` (contiguous, any floating dtype) overwritten by ``lift(x)`` for ``x``
-    ``(b, in, *spatial)`` in the lift's precision, a chunk of points at a time, each chunk rounded to
-    ``out``'s dtype as it is stored; returns ``out``."""
-    weight, bias = lift.weight, lift.bias
-    if out.dtype == weight.dtype:
+    ``(b, in, *spatial)`` (with ``lift_out``: ``lift_out(act(lift(x)))``, neuraloperator's two-layer lift)
+    in the lift's precision, a chunk of points at a time, each chunk rounded to ``out``'s dtype as it is
+    stored; returns ``out``. ``coordinates(start, stop, dtype, device)``: channels appended to the points
+    ``start:stop`` of ``x`` (``drift.nn.embedding.grid_coordinates``), computed a chunk at a time."""
+    weight = lift.weight
+    if out.dtype == weight.dtype and lift_out is None and coordinates is None:
         return lift(x, out=out)
     flat_x, flat = x.reshape(x.shape[0], x.shape[1], -1), out.view(out.shape[0], out.shape[1], -1)
-    step = max(1, _chunk_bytes(x.device) // (x.shape[0] * (x.shape[1] + out.shape[1]) * weight.element_size()))
-    w = weight.expand(x.shape[0], -1, -1)
+    hidden = weight.shape[0]
+    per_point = x.shape[0] * (lift.weight.shape[1] + hidden + out.shape[1]) * weight.element_size()
+    step = max(1, _chunk_bytes(x.device) // per_point)
     for s in range(0, flat.shape[2], step):
         part = flat_x[..., s : s + step].to(weight.dtype)
-        chunk = work.get(("lift",), (*flat.shape[:2], part.shape[2]), weight.dtype, x.device)
-        if bias is None:
-            torch.bmm(w, part, out=chunk)
-        else:
-            torch.baddbmm(bias[None, :, None], w, part, out=chunk)
+        if coordinates is not None:
+            coords = coordinates(s, s + part.shape[2], weight.dtype, x.device)
+            part = torch.cat((part, coords.expand(x.shape[0], -1, -1)), dim=1)
+        chunk = _pointwise(lift, part, work.get(("lift",), (x.shape[0], hidden, part.shape[2]), weight.dtype, x.device))
+        if lift_out is not None:
+            activate_(act, chunk)
+            shape = (x.shape[0], flat.shape[1], part.shape[2])
+            chunk = _pointwise(lift_out, chunk, work.get(("lift_out",), shape, weight.dtype, x.device))
         flat[..., s : s + step].copy_(chunk)
     return out
+
+
+def _pointwise(layer: PointwiseLinear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for ``x`` ``(b, in, n)`` written into ``out`` ``(b, out, n)``."""
+    w = layer.weight.expand(x.shape[0], -1, -1)
+    if layer.bias is None:
+        return torch.bmm(w, x, out=out)
+    return torch.baddbmm(layer.bias[None, :, None], w, x, out=out)
 
 
 def block_in_place(block: FNOBlock, x: torch.Tensor, layout: Layout, work: Workspace) -> torch.Tensor:
@@ -98,17 +122,32 @@ def block_in_place(block: FNOBlock, x: torch.Tensor, layout: Layout, work: Works
             z = y.view(b, c, -1).baddbmm_(weight, xs)
             if skip.bias is not None and not fold:
                 z.add_(skip.bias[None, :, None])
-            if act is not None and x.dtype != dtype:
+            if block.channel_mlp is not None:
+                z = mlp_tail(block, z, xs)  # the block's output, act applied
+            elif act is not None and x.dtype != dtype:
                 activate_(act, z)
             # Field by field: each is one run of memory in the slab, where a write into the whole strided
             # slab would go through a contiguous temporary.
             for i in range(b):
                 for j in range(c):
-                    if act is None or x.dtype != dtype:
+                    if act is None or x.dtype != dtype or block.channel_mlp is not None:
                         target[i, j].copy_(z[i, j].view(shape))
                     else:
                         _activate_into(act, z[i, j].view(shape), target[i, j])
     return x
+
+
+def mlp_tail(block: FNOBlock, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A block's output after its fused part, on points of ``(b, width, n)`` slabs: ``act(channel_mlp(act(z))
+    + channel_mlp_skip(x))`` (no ``act`` after a model's last block) for ``z = K x + W x + b``; ``z`` is
+    overwritten, ``x`` only read."""
+    act = block.non_linearity if block.activation else None
+    if act is not None:
+        activate_(act, z)
+    out = block.channel_mlp(z).add_(block.channel_mlp_skip(x))
+    if act is not None:
+        activate_(act, out)
+    return out
 
 
 def _shares(plan: TruncatedFFT, x: torch.Tensor, work: Workspace) -> torch.Tensor:
@@ -136,6 +175,14 @@ def _whole_spectral_output(block: FNOBlock, x: torch.Tensor, layout: Layout, act
     with phase("pointwise+gelu"):
         b, c = x.shape[:2]
         step = max(1, _chunk_bytes(x.device) // (b * 2 * c * dtype.itemsize))
+        if block.channel_mlp is not None:
+            # z = y + W x + b into y, then the channel MLP's tail a chunk of points at a time over x.
+            _tail_into(None, step, whole, y, skip.weight, skip.bias, y)
+            flat_y, flat_x, flat = y.view(b, c, -1), whole.view(b, c, -1), x.view(b, c, -1)
+            for start in range(0, flat.shape[2], step):
+                points = slice(start, start + step)
+                flat[..., points] = mlp_tail(block, flat_y[..., points].contiguous(), flat_x[..., points])
+            return x
         # z = y + W x + b into y; the activation over x itself where it has the output's dtype.
         over_x = act is not None and whole is x
         _tail_into(act, step, whole, y, skip.weight, skip.bias, x if over_x else y)

@@ -22,6 +22,7 @@ HDF5 outputs are written by the ranks in turn into one file under a temporary na
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,9 +39,12 @@ from drift.data.formats.output import Block, Output, Prediction
 from drift.data.writer import OutputError
 from drift.jobs.console import bars_shown
 from drift.layout import Layout
+from drift.nn import ACTIVATION_DTYPES
 from drift.predict.predictor import Predictor
 from drift.recipes import Recipe
 from drift.train import META_KEYS, ConfigError, TrainConfig, data_grid, find_checkpoint, load_trained, trained_config
+from drift.train.budget import check_memory
+from drift.train.checks import spatial_grid
 from drift.train.problem import problem_recipe
 from drift.train.sharding import saved_channels
 
@@ -121,6 +125,21 @@ def plan_prediction(
     return Plan(config, recipe, files, out, output, chosen, shape, stride, force)
 
 
+def check_prediction_memory(
+    plan: Plan, world_size: int, device: str, batch_size: int | None, activations: str = "float32"
+) -> None:
+    """ConfigError naming the bytes a rank needs and has when ``plan``'s forward on ``world_size`` ranks of
+    ``device``, ``batch_size`` trajectories at once (None: one per data-parallel rank), its fields between
+    blocks in ``activations``, exceeds a rank's memory (``drift.train.check_memory``: the GPU's, or a
+    share of the machine's)."""
+    config = dataclasses.replace(plan.config, device=device, memory_per_rank=None)
+    parts = spatial_grid(config, world_size, len(plan.shape))
+    inputs, fields = len(plan.files.inputs), len(plan.files.fields)
+    fields_dtype = ACTIVATION_DTYPES[activations] or torch.float32
+    options = dict(forward=True, batch_size=batch_size, activation_bytes=fields_dtype.itemsize)
+    check_memory(config, plan.shape, inputs, fields, parts, world_size, **options)
+
+
 def _check_channels(files: DataFiles, meta: dict) -> None:
     """DataError naming the first file unless it holds the channels and spatial dims the model was trained on."""
     inputs, fields = saved_channels(meta)
@@ -185,6 +204,7 @@ def predict(
     device="cpu",
     batch_size: int | None = None,
     progress: bool | None = None,
+    activations: str = "float32",
     **options,
 ) -> dict:
     """Write ``out``, a file of ``data``'s layout holding the model's predictions for trajectories of
@@ -196,7 +216,9 @@ def predict(
     spatial dim, as ``drift evaluate``), ``method``, ``grid``, ``data_parallel`` (the spectral method and
     the ranks' layout, as ``drift evaluate``) and ``force`` (replace an existing ``out``).
     ``batch_size``: trajectories a step (default ``data_parallel``: one per data-parallel rank);
-    ``progress``: a progress bar on rank 0's stderr (None: on a terminal, ``drift.jobs.console.bars_shown``).
+    ``progress``: a progress bar on rank 0's stderr (None: on a terminal, ``drift.jobs.console.bars_shown``);
+    ``activations``: the fields between the model's blocks (``drift.nn.ACTIVATION_DTYPES``: "bfloat16"
+    halves them).
     Errors: ``plan_prediction``'s, DataError for non-finite input frames, OutputError (every rank) when
     writing fails: no file is then left at ``out`` (an existing one is kept). Returns a dict: the output,
     its trajectories, t_in, t_out and grid, the checkpoint, its epoch and the ranks."""
@@ -206,6 +228,7 @@ def predict(
     config = plan.config
     trained = load_trained(checkpoint, config, plan.shape, device)
     trained.model.eval()
+    trained.model.activations = ACTIVATION_DTYPES[activations]
     channels, fields = saved_channels(trained.meta)
     predictor = Predictor(trained.model, trained.stats, config.t_in, config.t_out, plan.recipe, channels, fields)
     sharding = trained.sharding

@@ -16,13 +16,16 @@ from drift.layout import chunk_sizes, split_reduction
 from drift.modes import mode_lists
 from drift.nn import AUTO, cp_rank, method_named, mode_counts, tucker_rank
 from drift.options import first_problem
+from drift.train.budget import check_memory
 from drift.train.config import HOSTS, ConfigError, TrainConfig
 from drift.train.problem import problem_modes, problem_recipe, resolve_problem
 from drift.train.resume import resume_point
 
 
-def check_config(config: TrainConfig, world_size: int) -> None:
-    """Reject option values that cannot work, before any rank starts (ConfigError naming the option)."""
+def check_config(config: TrainConfig, world_size: int, memory: bool = True) -> None:
+    """Reject option values that cannot work, before any rank starts (ConfigError naming the option);
+    with ``memory``, a training step whose estimated memory exceeds a rank's budget too (``check_memory``:
+    once, where the ranks start)."""
     if (problem := first_problem(config)) is not None:  # each option's choices and check (TrainConfig's)
         raise ConfigError(problem)
     if config.device == "cuda":
@@ -43,6 +46,9 @@ def check_config(config: TrainConfig, world_size: int) -> None:
         files = DataFiles(config.data)
         config = resolve_problem(config, files)
         check_data(config, files, world_size)
+        if memory:
+            grid = spatial_grid(config, world_size, len(files.grid))
+            check_memory(config, files.grid, len(files.inputs), len(files.fields), grid, world_size)
     if config.factorization is not None:
         shape = (config.width, config.width, *mode_counts(problem_modes(config), real=True))
         try:

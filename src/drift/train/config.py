@@ -272,6 +272,17 @@ class TrainConfig:
         metavar="SECONDS",
         unset="per phase, from its measured time: max(60 s, 20x the slowest step), see docs/CLUSTERS.md",
     )
+    memory_per_rank: float | None = option(
+        None,
+        "each rank's memory in GiB (a stand-in for an accelerator's): a step whose estimate exceeds it is refused "
+        "before any rank starts, and ranks drift starts itself (--nproc) end the run when one's private memory "
+        "passes it",
+        parse=positive_float,
+        check=positive,
+        metavar="GIB",
+        unset="the GPU's memory, or an equal share of the machine's (its control group's limit, else the memory "
+        "available)",
+    )
     max_restarts: int = option(
         0,
         "after a rank fails (a death or a bug, not a refused option), start the ranks again up to N times; a "

@@ -21,7 +21,7 @@ from drift.checkpoint import save_checkpoint
 from drift.data import Prefetch
 from drift.jobs.cluster import Cluster, PeersLost, describe
 from drift.jobs.console import bars_shown
-from drift.jobs.launch import process_group, rank_device
+from drift.jobs.launch import launched, process_group, rank_device
 from drift.jobs.stopping import STOPPED, Stopped, StopSignals
 from drift.jobs.timeouts import PhaseTimeouts
 from drift.metrics import PDEBenchMetrics
@@ -275,7 +275,9 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
                 ensure_default_data(False if config.quiet else config.progress, rank_device())
             comm.barrier()
             config = dataclasses.replace(config, data=str(default_data_path()))
-        check_config(config, comm.world_size())
+        # Ranks drift started were checked where it started them, memory included (their own allocations
+        # would shrink the machine's share they measure); ranks under torchrun check here.
+        check_config(config, comm.world_size(), memory=launched())
         try:
             return train(config, stop)
         except Stopped as stopped:

@@ -1,0 +1,79 @@
+"""The memory a rank may use (``RankBudget``): ``--memory-per-rank``, else what its device or its share of
+the machine has.
+
+A GPU rank has its device's memory. CPU ranks share the machine: each has its share of the memory its
+control group allows (cgroup v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) or, without a limit, of
+the memory available when the run starts (``MemAvailable``). ``drift train`` and ``drift predict`` refuse
+a pass whose estimate (``drift.cost.fno_memory``) exceeds it, before any rank allocates; ranks that drift
+starts itself are also held to a given ``--memory-per-rank`` while they run (``drift.jobs.launch``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")  # this process's control groups, one "id:controllers:path" a line
+_NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as the largest page-aligned 63-bit value
+
+
+@dataclass(frozen=True)
+class RankBudget:
+    """``bytes`` a rank may use, and where the figure comes from (``source``, for messages)."""
+
+    bytes: int
+    source: str
+
+
+def rank_budget(device: str, local_ranks: int, per_rank_gib: float | None = None) -> RankBudget:
+    """The budget of each of ``local_ranks`` ranks on this machine on ``device`` ("cpu" or "cuda"):
+    ``per_rank_gib`` GiB when given (``--memory-per-rank``), else the GPU's memory, else an equal share of
+    the control group's limit or of the available memory."""
+    if per_rank_gib is not None:
+        return RankBudget(round(per_rank_gib * 2**30), "--memory-per-rank")
+    if device == "cuda":
+        index = torch.cuda.current_device()
+        return RankBudget(torch.cuda.get_device_properties(index).total_memory, f"the memory of GPU {index}")
+    available, what = _available_bytes(), "the memory available"
+    limit = cgroup_limit()
+    if limit is not None and limit < available:
+        available, what = limit, "the control group's limit"
+    shared = f" shared by {local_ranks} ranks" if local_ranks > 1 else ""
+    return RankBudget(available // local_ranks, f"{what}{shared}")
+
+
+def cgroup_limit() -> int | None:
+    """This process's memory limit from its control group (v2, else v1), None where there is none."""
+    try:
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:  # not Linux
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            file = CGROUP_ROOT / path.lstrip("/") / "memory.max"
+        elif "memory" in controllers.split(","):
+            file = CGROUP_ROOT / "memory" / path.lstrip("/") / "memory.limit_in_bytes"
+        else:
+            continue
+        try:
+            text = file.read_text().strip()
+        except OSError:
+            continue
+        if text != "max" and int(text) < _NO_LIMIT:
+            return int(text)
+    return None
+
+
+def _available_bytes() -> int:
+    """MemAvailable from /proc/meminfo, or the physical memory where there is none (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
