@@ -17,6 +17,7 @@ from drift.data.files import DataFiles, PDEBenchFiles
 from drift.data.formats import (
     CFD,
     FORMATS,
+    LiMat,
     PDEBenchDarcy,
     PDEBenchGroups,
     PDEBenchScalar,
@@ -24,12 +25,18 @@ from drift.data.formats import (
     TheWell,
     detect,
 )
+from drift.data.formats.output import Block, Prediction
 from drift.data.pdebench import DataError
 from drift.data.synthetic import LAYOUTS, advance, smooth, write_synthetic
 
-SUFFIX = dict(groups=".h5", pt=".pt")  # the rest: .hdf5
+SUFFIX = dict(groups=".h5", pt=".pt", mat=".mat")  # the rest: .hdf5
 EXPECTED = dict(
-    scalar=PDEBenchScalar(), darcy=PDEBenchDarcy(), groups=PDEBenchGroups(), well=TheWell(), pt=TensorDictionary()
+    scalar=PDEBenchScalar(),
+    darcy=PDEBenchDarcy(),
+    groups=PDEBenchGroups(),
+    well=TheWell(),
+    pt=TensorDictionary(),
+    mat=LiMat(),
 )
 
 
@@ -300,16 +307,111 @@ def test_tensor_dictionaries_refuse_what_they_lack(tmp_path):
             DataFiles(tmp_path / name)
 
 
+# --- Li et al.'s .mat files: h5py's array transposed (v7.3) and scipy.io.loadmat (v5) are the references. ---
+
+
+def _matlab_v73(path, arrays):
+    """A v7.3 file as MATLAB's ``save -v7.3`` writes one, without drift's writer: HDF5 after a 512-byte user
+    block holding MATLAB's header (116 bytes of text, 8 of subsystem offset, version 0x0200 and "MI" as
+    little-endian 16-bit values), each array (given in MATLAB's order) stored with its dims reversed."""
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for key, values in arrays.items():
+            d = f.create_dataset(key, data=np.asarray(values).transpose())
+            d.attrs["MATLAB_class"] = np.bytes_({"f": b"single", "d": b"double"}.get(d.dtype.char, b"int32"))
+    text = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024 HDF5 schema 1.00 ."
+    with open(path, "r+b") as raw:
+        raw.write(text.ljust(116) + b" " * 8 + np.array([0x0200, 0x4D49], "<u2").tobytes())
+    return path
+
+
+def _li(shape, dtype, seed=0):
+    """Li's ``u`` of ``shape`` (N x X [x Y] x T) and ``t`` (1 x T)."""
+    u = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    return {"u": u, "a": u[..., 0], "t": np.arange(1.0, shape[-1] + 1)[None]}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(3, 7, 5, 4), (3, 11, 4)])
+def test_li_mat_v73_reads_as_the_transposed_hdf5_array(tmp_path, shape, dtype):
+    path = _matlab_v73(tmp_path / "ns.mat", _li(shape, dtype))
+    files = DataFiles(path)
+    grid = shape[1:-1]
+    assert files.format == LiMat() and detect(path) == LiMat() and files.layout.dtype == dtype
+    assert (files.fields, files.inputs, files.static, files.frames, files.grid) == (("u",), ("u",), False, 4, grid)
+    assert files.lengths == (1.0,) * len(grid) and files.periodic == (True,) * len(grid)
+    assert files.describe() == f"Li et al. .mat (FNO), {len(grid)}-D: u; {' x '.join(map(str, (3, 4, *grid)))}"
+    with h5py.File(path, "r") as f:
+        reference = np.moveaxis(f["u"][()].transpose(), -1, 1)  # MATLAB's N x X x Y x T, frames second
+    for selection in _selections(4, grid):
+        for t in range(3):
+            got = _read(files, "u", t, selection, np.float64)
+            np.testing.assert_array_equal(got, reference[t][selection])  # float64: each stored value exactly
+    assert np.array_equal(_read(files, "u", 1, (slice(None),) * (1 + len(grid)), dtype), reference[1])
+    with pytest.raises(DataError, match=r"ns.mat: no channel 'a' \(has u\)"):
+        files.read("a", 0, (slice(None),) * (1 + len(grid)), np.empty((4, *grid), np.float32))
+
+
+def test_li_mat_v5_reads_as_scipy_loadmat(tmp_path):
+    scipy_io = pytest.importorskip("scipy.io")
+    path = tmp_path / "burgers.mat"
+    scipy_io.savemat(path, _li((3, 6, 5, 4), "float64", seed=1))
+    files = DataFiles(path)
+    assert files.format == LiMat() and files.grid == (6, 5) and files.frames == 4 and files.trajectories == 3
+    reference = np.moveaxis(scipy_io.loadmat(path)["u"], -1, 1)
+    for selection in _selections(4, (6, 5)):
+        np.testing.assert_array_equal(_read(files, "u", 2, selection, np.float64), reference[2][selection])
+
+
+def test_bad_li_mat_files_are_refused_in_one_line(tmp_path):
+    scipy_io = pytest.importorskip("scipy.io")
+    scipy_io.savemat(tmp_path / "darcy5.mat", {"coeff": np.zeros((2, 4, 4)), "sol": np.zeros((2, 4, 4))})
+    (tmp_path / "text.mat").write_text("not a MAT file")
+    cases = [
+        (_matlab_v73(tmp_path / "darcy.mat", {"coeff": np.zeros((2, 4, 4))}), r"no array 'u' \(holds \['coeff'\]\)"),
+        (tmp_path / "darcy5.mat", r"no array 'u' \(holds \['coeff', 'sol'\]\)"),
+        (_matlab_v73(tmp_path / "burgers.mat", {"u": np.zeros((2, 8))}), r"array 'u' is 2 x 8 \(MATLAB's order\)"),
+        (_matlab_v73(tmp_path / "ints.mat", {"u": np.zeros((2, 4, 3), np.int32)}), r"dataset 'u' is int32; drift"),
+        (tmp_path / "text.mat", r"neither HDF5 \(MATLAB v7.3\) nor a MATLAB v5 file"),
+    ]
+    for path, match in cases:
+        assert detect(path) == LiMat()
+        with pytest.raises(DataError, match=f"^{path}: {match}") as error:
+            DataFiles(path)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="layout mat holds 1 or 2 spatial dims"):
+        write_synthetic(tmp_path / "cube.mat", "mat", dims=3)
+
+
+def test_li_mat_output_is_matlab_v73_with_times_continued(tmp_path):
+    """What a prediction writes (the predict tests write it): MATLAB's header, which scipy recognises as
+    v7.3; ``u`` count x X x Y x frames stored reversed; ``t`` continued at its last spacing."""
+    from scipy.io.matlab import matfile_version
+
+    source = _matlab_v73(tmp_path / "short.mat", _li((3, 6, 4, 3), "float32"))
+    output = LiMat().output(Prediction(DataFiles(source), (2, 0), 5, (3, 2), 2))
+    assert (
+        output.datasets == {"u": ((5, 2, 3, 2), np.dtype(np.float32))}
+        and output.userblock[:20] == b"MATLAB 7.3 MAT-file,"
+    )
+    assert output.arrays["t"].shape == (5, 1) and np.array_equal(output.arrays["t"].ravel(), np.arange(1.0, 6.0))
+    assert output.attrs == {"u": {"MATLAB_class": b"single"}, "t": {"MATLAB_class": b"double"}}
+    values = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)  # 2 frames of trajectory 1's 3 x 2 block
+    [(key, selection, stored)] = output.place(Block("u", 1, slice(3, 5), (slice(0, 3), slice(0, 2)), values))
+    assert key == "u" and selection == (slice(3, 5), slice(0, 2), slice(0, 3), 1)
+    np.testing.assert_array_equal(stored, values.transpose(0, 2, 1))
+    assert matfile_version(str(_synthetic(tmp_path, "mat"))) == (2, 0)  # the synthetic file's header too
+
+
 # --- detect, and the files of one run. ---
 
 
 def test_detect_names_each_layout(tmp_path):
     for layout in LAYOUTS:
-        for dims in (1, 2, 3):
+        for dims in (1, 2) if layout == "mat" else (1, 2, 3):  # Li's u: N x X [x Y] x T
             path = _synthetic(tmp_path, layout, f"{layout}{dims}", dims=dims, resolution=5, frames=3, samples=2)
             assert detect(path) == (CFD[dims] if layout == "cfd" else EXPECTED[layout]), path
             assert detect(path).describe(path).grid == (5,) * dims
-    assert len(FORMATS) == len(set(FORMATS)) == 8
+    assert len(FORMATS) == len(set(FORMATS)) == 9
 
 
 def test_detect_refuses_a_file_of_no_layout_in_one_line(tmp_path):
@@ -321,7 +423,9 @@ def test_detect_refuses_a_file_of_no_layout_in_one_line(tmp_path):
         detect(path)
     message = str(error.value)
     assert "\n" not in message
-    assert message.startswith(f"{path}: holds params/ (group), velocity (3, 4); drift reads PDEBench 1-D CFD; ")
+    assert message.startswith(
+        f"{path}: holds params/ (group), velocity (3, 4); drift reads Li et al. .mat (FNO); PDEBench 1-D "
+    )
     assert message.endswith("The Well; tensor dictionary (.pt)")
     text = tmp_path / "notes.hdf5"
     text.write_text("not hdf5")
@@ -432,5 +536,5 @@ def test_advance_is_a_roll_then_a_damping_of_each_mode():
     k = np.fft.fftfreq(8, 1 / 8)
     want = np.real(np.fft.ifft(np.fft.fft(np.roll(field, 1, axis=-1)) * np.exp(-0.01 * k**2)))
     np.testing.assert_allclose(advance(field, 1), want, atol=1e-14)
-    with pytest.raises(ValueError, match="layout must be one of cfd, scalar, darcy, groups, well, pt"):
+    with pytest.raises(ValueError, match="layout must be one of cfd, scalar, darcy, groups, well, pt, mat, got"):
         write_synthetic("x.hdf5", "netcdf")

@@ -211,10 +211,10 @@ def _predict_failing_on(rank: int, run: str, data: str, out: str) -> dict:
 
     opened = writer.opened
 
-    def full(path, create=False):
+    def full(path, create=False, **options):
         if not create and comm.rank() == rank:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return opened(path, create)
+        return opened(path, create, **options)
 
     writer.opened = full
     try:

@@ -18,6 +18,7 @@ from runs import DEVICE, ROUND_OFF, fails_with_one_line
 from drift.cli import main
 from drift.data import DataFiles, write_synthetic
 from drift.data.formats import detect
+from drift.data.mat import MatFile
 from drift.export import load_exported
 from drift.predict import ATTRIBUTE
 
@@ -56,7 +57,17 @@ CASES = [
     ),
     ("well-3d-one-shot", "well", 3, 8, ["--t-in", "2", "--t-out", "2", "--modes", "2"], ["--grid", "2x2x1"], []),
     ("pt-2d-static", "pt", 2, 12, ["--modes", "2"], ["--grid", "4x1"], []),
+    (
+        "mat-2d-autoregressive",
+        "mat",
+        2,
+        12,
+        ["--recipe", "autoregressive", "--t-in", "2", "--t-out", "3", "--modes", "2"],
+        ["--grid", "2x2"],
+        ["--trajectories", "3,1"],
+    ),
 ]
+SUFFIX = dict(pt="pt", mat="mat")  # the rest: h5
 
 
 def _read(files: DataFiles, channels, trajectories, frames: slice, stride: int) -> np.ndarray:
@@ -94,7 +105,7 @@ def _well_fields(path: Path, frames: int) -> np.ndarray:
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_predict_writes_the_source_layout_on_four_ranks_as_on_one(case, tmp_path, capsys):
     name, layout, dims, resolution, train_options, four, both = case
-    suffix = "pt" if layout == "pt" else "h5"
+    suffix = SUFFIX.get(layout, "h5")
     data = str(write_synthetic(tmp_path / f"source.{suffix}", layout, samples=4, resolution=resolution, dims=dims))
     run = tmp_path / "run"
     assert main(["train", "--data", data, "--out", str(run), *TINY, *train_options]) == 0, capsys.readouterr().err
@@ -140,6 +151,9 @@ def test_predict_writes_the_source_layout_on_four_ranks_as_on_one(case, tmp_path
 
 def _check_layout(layout: str, source: Path, out: Path, predicted: np.ndarray, t_in: int, picked, stride: int) -> None:
     """What each layout keeps besides the frames: coordinates, times, attributes, the record."""
+    if layout == "mat":
+        _check_mat(source, out, predicted, t_in, picked)
+        return
     if layout == "pt":
         saved, given = torch.load(out, weights_only=True), torch.load(source, weights_only=True)
         assert saved["x"].dtype == given["x"].dtype and saved["x"].shape == given["x"].shape
@@ -164,3 +178,23 @@ def _check_layout(layout: str, source: Path, out: Path, predicted: np.ndarray, t
         # The Well's own reader: its flattened channels (tracer, velocity_x, ...) are drift's, in order.
         theirs = np.moveaxis(_well_fields(out, frames), -1, 1)
         np.testing.assert_array_equal(theirs[:, :, t_in:], predicted.astype(theirs.dtype))
+
+
+def _check_mat(source: Path, out: Path, predicted: np.ndarray, t_in: int, picked) -> None:
+    """A MATLAB v7.3 file (its header as scipy reads it), read with h5py alone (``u`` stored reversed, with its
+    ``MATLAB_class``) and with ``MatFile``: the source's input frames bit for bit, then the predicted ones."""
+    from scipy.io.matlab import matfile_version
+
+    assert matfile_version(str(out)) == (2, 0)
+    frames = t_in + predicted.shape[2]
+    with h5py.File(source, "r") as src, h5py.File(out, "r") as f:
+        assert f.userblock_size == 512 and f["u"].attrs["MATLAB_class"] == src["u"].attrs["MATLAB_class"]
+        assert json.loads(f.attrs[ATTRIBUTE])["trajectories"] == picked
+        written = f["u"][()].transpose()  # MATLAB's count x X x Y x frames
+        given = src["u"][()].transpose()[picked]
+        assert np.array_equal(f["t"][()], src["t"][:frames]) and f["t"].attrs["MATLAB_class"] == b"double"
+    assert written.dtype == given.dtype and written.shape == (len(picked), *given.shape[1:-1], frames)
+    assert np.array_equal(written[..., :t_in], given[..., :t_in])  # bit for bit
+    assert np.array_equal(np.moveaxis(written[..., t_in:], -1, 1), predicted[:, 0].astype(written.dtype))
+    with MatFile(out) as mat:
+        assert mat.keys() == ["t", "u"] and np.array_equal(mat.read("u"), written)

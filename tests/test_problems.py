@@ -143,8 +143,9 @@ def test_an_autoregressive_run_resumes_as_it_would_have_gone_on(files, tmp_path,
 def test_drift_generate_layout_writes_each_layout(tmp_path, capsys):
     from drift.data import detect
 
-    for layout, name in (("darcy", "PDEBench Darcy"), ("groups", "PDEBench per-sample groups")):
-        out = tmp_path / f"{layout}.h5"
+    layouts = (("darcy", "PDEBench Darcy", ".h5"), ("groups", "PDEBench per-sample groups", ".h5"))
+    for layout, name, suffix in (*layouts, ("mat", "Li et al. .mat (FNO)", ".mat")):
+        out = tmp_path / f"{layout}{suffix}"
         assert main(["generate", "--layout", layout, "--samples", "3", "--resolution", "8", "--out", str(out)]) == 0
         assert detect(out).name == name and f"wrote {out}" in capsys.readouterr().out
 

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--layout",
         choices=LAYOUTS,
         help="a synthetic file in this layout (PDEBench cfd, scalar, darcy, per-sample groups; The Well; x -> y "
-        "tensor dictionary .pt) instead of the solver's 3D CFD trajectories",
+        "tensor dictionary .pt; Li et al.'s .mat, 1-D or 2-D) instead of the solver's 3D CFD trajectories",
     )
     gen.add_argument("--dims", type=positive(int), default=2, help="with --layout: spatial dims (1 to 3)")
     gen.add_argument("--samples", type=positive(int), default=4)

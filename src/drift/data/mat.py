@@ -6,10 +6,16 @@ reverses them back, as FNO's own ``MatReader`` does (``np.transpose`` over all a
 MATLAB's and the files' users': ``u[n, i, j, t]`` is MATLAB's ``u(n+1, i+1, j+1, t+1)``. A trajectory is read
 by one hyperslab of the stored array (a slice of its last, slowest dim), never the whole file. Older
 files (MATLAB v5, ``scipy.io.savemat``'s) are read whole by scipy, already in MATLAB's order.
+
+Writing a v7.3 file (``drift.data.formats.mat``, ``drift.data.synthetic``): an HDF5 file with a
+``USERBLOCK``-byte user block that starts with ``header()``, each array stored with its dims reversed and
+the attribute ``MATLAB_class`` (``CLASSES``), which MATLAB's ``load`` needs to know the array's type.
 """
 
 from __future__ import annotations
 
+import platform
+import time
 from pathlib import Path
 
 import h5py
@@ -17,6 +23,18 @@ import numpy as np
 import scipy.io
 
 from drift.data.pdebench import DataError
+
+USERBLOCK = 512  # bytes before the HDF5 superblock in MATLAB's v7.3 files
+CLASSES = {np.dtype(np.float32): np.bytes_(b"single"), np.dtype(np.float64): np.bytes_(b"double")}  # MATLAB_class
+
+
+def header() -> bytes:
+    """The 128 bytes MATLAB writes at the start of a v7.3 file (the MAT-file header, as in v5 files): 116
+    bytes of text padded with spaces, 8 bytes of subsystem data offset (zeros: none), the version 0x0200
+    and the endian indicator "MI", both written as little-endian 16-bit values (bytes 00 02 and "IM")."""
+    created = time.strftime("%a %b %d %H:%M:%S %Y")
+    text = f"MATLAB 7.3 MAT-file, Platform: {platform.system()}-drift, Created on: {created} HDF5 schema 1.00 ."
+    return text.encode("ascii", "replace")[:116].ljust(116, b" ") + bytes(8) + b"\x00\x02IM"
 
 
 class MatFile:
@@ -34,7 +52,7 @@ class MatFile:
             self._h5 = None
             try:
                 self._v5 = scipy.io.loadmat(self.path)
-            except (ValueError, OSError) as exc:
+            except (ValueError, OSError, scipy.io.matlab.MatReadError) as exc:  # MatReadError: a short file
                 raise DataError(f"{self.path}: neither HDF5 (MATLAB v7.3) nor a MATLAB v5 file: {exc}") from exc
 
     def keys(self) -> list[str]:
@@ -52,6 +70,18 @@ class MatFile:
         """``key``'s shape in MATLAB's order (``u``: N x X x Y x T)."""
         shape = tuple(self._array(key).shape)
         return shape[::-1] if self._h5 is not None else shape
+
+    def dtype(self, key: str) -> np.dtype:
+        """``key``'s stored dtype."""
+        return np.dtype(self._array(key).dtype)
+
+    def select(self, key: str, index: tuple[int | slice, ...]) -> np.ndarray:
+        """``key[index]``, ``index`` one int or slice (steps >= 1) per dim in MATLAB's order, the result in
+        MATLAB's order too; from a v7.3 file only that hyperslab is read (the index reversed, as stored)."""
+        array = self._array(key)
+        if self._h5 is None:
+            return np.asarray(array[index])
+        return array[index[::-1]].transpose()
 
     def read(self, key: str, first: int = 0, stop: int | None = None) -> np.ndarray:
         """Entries ``first:stop`` of ``key``'s first (MATLAB) dim, in MATLAB's order (``u``: n x X x Y x T)."""

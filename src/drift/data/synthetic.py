@@ -19,7 +19,9 @@ import h5py
 import numpy as np
 import torch
 
-LAYOUTS = ("cfd", "scalar", "darcy", "groups", "well", "pt")
+from drift.data.mat import CLASSES, USERBLOCK, header
+
+LAYOUTS = ("cfd", "scalar", "darcy", "groups", "well", "pt", "mat")
 SHIFT = 1  # cells per frame, along every spatial dim
 DAMPING = 0.01  # per frame: mode k scaled by exp(-DAMPING |k|^2)
 SMOOTHING = 0.05  # static layouts: y's mode k is x's scaled by exp(-SMOOTHING |k|^2)
@@ -110,6 +112,9 @@ def write_synthetic(
     * "well": The Well: ``t0_fields/tracer`` and ``t1_fields/velocity`` (one component per dim), periodic
       boundaries.
     * "pt": a dict of tensors ``x`` and ``y`` = ``smooth(x)``, each ``[samples, *grid]`` (``torch.save``).
+    * "mat": Li et al.'s MATLAB v7.3 ``.mat`` (1 or 2 spatial dims): ``u`` ``samples x *grid x frames`` in
+      MATLAB's order (stored reversed, after MATLAB's 512-byte header), ``a`` its frame before the first
+      (as Li's initial vorticity) and ``t`` = 1, ..., frames (``1 x frames``).
 
     Time-dependent fields: frame t + 1 is ``advance`` of frame t (before rounding to ``dtype``).
     """
@@ -118,6 +123,8 @@ def write_synthetic(
     grid = (resolution,) * dims if isinstance(resolution, int) else tuple(resolution)
     if not 1 <= len(grid) <= 3 or min(grid) < 1 or samples < 1 or frames < 2:
         raise ValueError(f"need 1 to 3 spatial dims, positive extents and samples, 2 frames; got {grid}, {samples}")
+    if layout == "mat" and len(grid) > 2:
+        raise ValueError(f"layout mat holds 1 or 2 spatial dims (Li's u: N x X [x Y] x T), got {len(grid)}")
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {dtype}")
@@ -202,6 +209,16 @@ def _pt(path: Path, rng, samples: int, frames: int, grid: tuple[int, ...], dtype
     torch.save(pair, path)
 
 
+def _mat(path: Path, rng, samples: int, frames: int, grid: tuple[int, ...], dtype: np.dtype) -> None:
+    states = _trajectories(rng, samples, frames + 1, grid, 0.0).astype(dtype)  # a, then u's frames
+    arrays = {"u": np.moveaxis(states[:, 1:], 1, -1), "a": states[:, 0], "t": np.arange(1.0, frames + 1)[None]}
+    with h5py.File(path, "w", userblock_size=USERBLOCK) as f:
+        for key, values in arrays.items():  # in MATLAB's order; HDF5 holds a MATLAB array reversed
+            f.create_dataset(key, data=values.transpose()).attrs["MATLAB_class"] = CLASSES[values.dtype]
+    with open(path, "r+b") as raw:  # the user block is the application's, written after HDF5 closed the file
+        raw.write(header())
+
+
 WRITERS: dict[str, Callable[..., None]] = dict(
-    cfd=_cfd, scalar=_scalar, darcy=_darcy, groups=_groups, well=_well, pt=_pt
+    cfd=_cfd, scalar=_scalar, darcy=_darcy, groups=_groups, well=_well, pt=_pt, mat=_mat
 )

@@ -63,15 +63,18 @@ def agreed(failure: str | None) -> tuple[int, str] | None:
     return next(((r, f) for r, f in enumerate(comm.all_gather_object(failure)) if f is not None), None)
 
 
-def opened(path: Path, create: bool = False) -> h5py.File:
-    """``path`` opened for writing (``create``: a new file, which must not exist) with HDF5's sieve buffer
-    off, so that a raw-data write that fails raises in that call."""
+def opened(path: Path, create: bool = False, userblock: int = 0) -> h5py.File:
+    """``path`` opened for writing (``create``: a new file, which must not exist, with a user block of
+    ``userblock`` bytes, 0 or a power of two >= 512, before HDF5's superblock) with HDF5's sieve buffer off,
+    so that a raw-data write that fails raises in that call."""
     access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     access.set_sieve_buf_size(0)
     access.set_fclose_degree(h5py.h5f.CLOSE_STRONG)
     name = os.fsencode(path)
     if create:
-        return h5py.File(h5py.h5f.create(name, h5py.h5f.ACC_EXCL, fapl=access))
+        creation = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+        creation.set_userblock(userblock)
+        return h5py.File(h5py.h5f.create(name, h5py.h5f.ACC_EXCL, fcpl=creation, fapl=access))
     return h5py.File(h5py.h5f.open(name, h5py.h5f.ACC_RDWR, fapl=access))
 
 
@@ -92,11 +95,14 @@ class TurnWriter:
         attrs: dict,
         *,
         replace: bool = False,
+        userblock: bytes = b"",
     ) -> TurnWriter:
         """Every rank: rank 0 creates the temporary file (and ``path``'s folder) with ``datasets`` (name ->
         (shape, dtype), unwritten), ``arrays`` (name -> values) and the root's ``attrs``; ``replace``: the
-        ``commit`` may replace an existing ``path``. OutputError on every rank when it fails or some rank
-        does not see the file."""
+        ``commit`` may replace an existing ``path``; ``userblock``: bytes the file starts with, in an HDF5
+        user block (512 bytes, or the power of two that holds them; zeros after them) that HDF5 readers
+        skip, as MATLAB's v7.3 header (``drift.data.mat``). OutputError on every rank when it fails or some
+        rank does not see the file."""
         path = Path(path)
         name = comm.broadcast_object(f"{path.name}.{socket.gethostname()}-{os.getpid()}.partial")
         writer = cls(path, path.with_name(name), replace)
@@ -106,13 +112,17 @@ class TurnWriter:
             dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
             dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
             dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-            with opened(writer.temp, create=True) as f:
+            size = max(512, 1 << (len(userblock) - 1).bit_length()) if userblock else 0
+            with opened(writer.temp, create=True, userblock=size) as f:
                 f.attrs.update(attrs)
                 for key, values in arrays.items():  # first: the small arrays and the metadata at the front
                     f.create_dataset(key, data=values)
                 f.flush()
                 for key, (shape, dtype) in datasets.items():
                     f.create_dataset(key, shape=tuple(shape), dtype=dtype, dcpl=dcpl)
+            if userblock:  # HDF5 leaves the user block to the application: written once the file is closed
+                with open(writer.temp, "r+b") as raw:
+                    raw.write(userblock)
 
         made = agreed(attempt(make) if comm.rank() == 0 else None)
         writer.check(made)

@@ -12,6 +12,7 @@ from pathlib import Path
 import h5py
 
 from drift.data.formats.base import FileLayout, Format
+from drift.data.formats.mat import LiMat
 from drift.data.formats.pdebench import PDEBenchCFD, PDEBenchDarcy, PDEBenchGroups, PDEBenchScalar
 from drift.data.formats.tensors import TensorDictionary
 from drift.data.formats.well import TheWell
@@ -19,6 +20,7 @@ from drift.data.pdebench import DataError, open_file
 
 CFD = {dims: PDEBenchCFD(dims) for dims in (1, 2, 3)}
 FORMATS: tuple[Format, ...] = (
+    LiMat(),  # first: its suffix decides, and a v7.3 .mat is HDF5 whose keys another layout might claim
     *CFD.values(),
     PDEBenchDarcy(),  # before scalar: a Darcy file holds a ``tensor`` too
     PDEBenchScalar(),
@@ -60,6 +62,7 @@ __all__ = [
     "FORMATS",
     "FileLayout",
     "Format",
+    "LiMat",
     "PDEBenchCFD",
     "PDEBenchDarcy",
     "PDEBenchGroups",

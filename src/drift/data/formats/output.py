@@ -99,14 +99,16 @@ class Output:
     """An output file (see the module's notes): ``datasets`` (name -> shape and stored dtype, written by
     ``place``'s writes), ``arrays`` (name -> values, written whole at creation), ``attrs`` (object path ->
     attributes; "" the root, a group created where missing) and ``place`` (a block -> the writes it makes;
-    none for a block the file does not keep). ``writer``: how the ranks write it. A ``.pt`` dictionary's
-    entries are its datasets and arrays, its root attributes further entries."""
+    none for a block the file does not keep). ``writer``: how the ranks write it. ``userblock``: bytes an
+    HDF5 output starts with, before HDF5's superblock (MATLAB's header of a v7.3 ``.mat`` file). A ``.pt``
+    dictionary's entries are its datasets and arrays, its root attributes further entries."""
 
     datasets: Datasets
     place: Callable[[Block], list[Write]]
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     attrs: dict[str, dict] = field(default_factory=dict)
     writer: type[OutputWriter] | None = None
+    userblock: bytes = b""
 
     @property
     def dtype(self) -> np.dtype:
@@ -142,7 +144,7 @@ class HDF5Writer(OutputWriter):
     @classmethod
     def start(cls, path: Path, output: Output, attrs: dict[str, dict], replace: bool) -> HDF5Writer:
         root = attrs.get("", {})
-        writer = cls.create(path, output.datasets, output.arrays, root, replace=replace)
+        writer = cls.create(path, output.datasets, output.arrays, root, replace=replace, userblock=output.userblock)
         writer.place = output.place
         rest = {key: values for key, values in attrs.items() if key}
 
