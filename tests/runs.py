@@ -72,7 +72,7 @@ def checkpoint_names(out: Path) -> tuple[list[str], str]:
 
 def without_times(rows: list[dict]) -> list[dict]:
     """Metrics rows (a run's history) without their timings: what two equal runs share."""
-    return [{k: v for k, v in r.items() if k not in ("seconds", "phase_seconds")} for r in rows]
+    return [{k: v for k, v in r.items() if k not in ("seconds", "phase_seconds", "peak_memory_gib")} for r in rows]
 
 
 def metric_rows(out: Path) -> list[dict]:

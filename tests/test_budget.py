@@ -3,6 +3,7 @@ training step refused by its estimate before any rank starts, and ranks held to 
 
 from __future__ import annotations
 
+import json
 import time
 
 import h5py
@@ -82,6 +83,9 @@ def test_a_step_past_the_budget_is_refused_on_one_rank_and_fits_on_four(data, tm
     argv = ["train", "--data", str(data), "--out", str(out), *AR, "--memory-per-rank", "0.5", "--device", DEVICE]
     assert main([*argv, "--nproc", "4", "--epochs", "1", "--no-progress"]) == 0, capsys.readouterr().err
     assert (out / "test_metrics.json").is_file()
+    # The ranks record the most they held: under the budget, above the start-up's.
+    peak = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["peak_memory_gib"]
+    assert 0.1 < peak <= 0.5
     # --activations bfloat16: the fields between blocks rounded to bfloat16, near the float32 prediction.
     predictions = {}
     for activations in ("float32", "bfloat16"):

@@ -44,7 +44,17 @@ def test_docs_build_without_warnings_and_name_the_api(tmp_path):
         assert text in front, f"the front page lacks the quickstart's {text!r}"
     # The benchmarks: one page per topic, each in the site and linked from the index.
     pages = sorted(path.stem for path in (ROOT / "docs" / "benchmarks").glob("*.md"))
-    assert pages == ["capacity", "clusters", "data", "gpu", "layers", "models", "problems", "transforms"], pages
+    assert pages == [
+        "capacity",
+        "clusters",
+        "data",
+        "gpu",
+        "layers",
+        "models",
+        "problems",
+        "transforms",
+        "turbulence",
+    ], pages
     index = (out / "BENCHMARKS.html").read_text(encoding="utf-8")
     for page in pages:
         assert (out / "benchmarks" / f"{page}.html").is_file(), f"docs/benchmarks/{page}.md is not in the site"

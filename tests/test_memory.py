@@ -165,7 +165,7 @@ def test_memory_estimate_is_above_the_measured_peak(memory_released, shape, mode
         method=method,
         pass_=pass_,
     )
-    assert counted.peak <= estimate.total - estimate.startup <= within * counted.peak
+    assert counted.peak <= estimate.total - estimate.startup - estimate.slack <= within * counted.peak
 
 
 # The plain forward is ESTIMATED's; a forward takes one step.
@@ -211,7 +211,7 @@ def test_memory_estimate_of_neuralop_blocks_and_unrolled_steps(memory_released, 
         steps=steps,
     )
     # Above the peak, and near it but for the chunk buffers (an upper bound, most of the estimate at this size).
-    assert counted.peak <= estimate.total - estimate.startup
+    assert counted.peak <= estimate.total - estimate.startup - estimate.slack
     assert estimate.fields + estimate.parameters <= 1.25 * counted.peak
 
 
@@ -222,7 +222,7 @@ def test_memory_floor_and_refusal():
     assert estimate.total < 1.1 * estimate.floor
     bf16 = fno_memory((10240, 10240), (4, 1), in_channels=5, out_channels=5, width=20, modes=(8, 8), activation_bytes=2)
     # Half the activation's bytes, and the allocator's pages the conversions leave (5 bytes a point).
-    assert bf16.fields == estimate.fields - 20 * 2 * 10240 * 2560 + 5 * 10240 * 2560
+    assert bf16.fields == estimate.fields - 20 * 2 * 10240 * 2560 and bf16.slack == 5 * 10240 * 2560
     refuse_if_short(estimate, estimate.total)
     with pytest.raises(MemoryShortError, match=r"needs about 3\.\d\d GiB a rank .* and 2\.00 GiB is available"):
         refuse_if_short(estimate, 2 * 2**30, "the forward")

@@ -10,6 +10,7 @@ starts itself are also held to a given ``--memory-per-rank`` while they run (``d
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +78,20 @@ def _available_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def peak_bytes(device: torch.device | str) -> int:
+    """This rank's peak memory so far: on a GPU the caching allocator's peak; on the CPU its address space's
+    peak resident set (``VmHWM``) less its file-backed and shared pages now (the data it held, without the
+    library code every rank maps): the private memory ``--memory-per-rank`` holds a rank to. ``VmHWM``, not
+    ``getrusage``'s maximum, which a process started by another inherits from it."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:  # not Linux (macOS: getrusage's maximum is in bytes)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    status = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    kib = lambda key: int(status[key].split()[0]) * 1024  # noqa: E731
+    return kib("VmHWM") - kib("RssFile") - kib("RssShmem")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from drift import comm
+from drift.budget import peak_bytes
 from drift.jobs import launch
 from drift.profiling import synchronize_device
 
@@ -51,11 +52,8 @@ def peak_rss_gb() -> float:
 
 
 def peak_private_gb() -> float:
-    """This process's peak resident memory less its file-backed pages now (GB): the peak of its data,
-    assuming the mapped code stays resident after start-up."""
-    with open("/proc/self/statm") as f:
-        fields = f.read().split()
-    return peak_rss_gb() - int(fields[2]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    """This process's peak private memory so far (``drift.budget.peak_bytes``), in GB."""
+    return peak_bytes("cpu") / 1e9
 
 
 def rank_zero() -> bool:

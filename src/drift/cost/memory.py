@@ -59,26 +59,33 @@ _NEURALOP_EXTRA = {Pass.FORWARD: (0.0, 0.0), Pass.STEP: (3.5, 3.0), Pass.RECOMPU
 # Fields an unrolled step keeps beyond its blocks' inputs when the blocks recompute (the lift's output,
 # the projection's input): plain, and with neuraloperator's options.
 _UNROLL_KEPT = {False: 2.0, True: 5.8}
-# Values of dtype_bytes a point that a rank's private memory holds beyond its tensors when the streaming
-# forward keeps its fields in a lower precision (measured by ``drift bench capacity --activations bfloat16``
-# at 8,192^2-13,312^2 on 4 ranks: 84.8 bytes a point against the tensors' 80; the allocator's pages).
+# Pages a rank's private memory holds beyond its live tensors (``MemoryEstimate.slack``): values of
+# dtype_bytes a point when the streaming forward keeps its fields in a lower precision (``drift bench
+# capacity --activations bfloat16`` at 8,192^2-13,312^2 on 4 ranks: 84.8 bytes a point against the tensors'
+# 80), and the share of a step's fields that a training loop's later steps hold besides (the storages
+# drift.memory's pool and the allocator keep from step to step: 1.16-1.18x the live peak from the second
+# step on, 2-D at 1280^2 and 2560^2, plain and neuraloperator's blocks).
 _CONVERSION_SLACK = 1.25
+_LOOP_SLACK = 0.2
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes a rank holds at its peak, by part; ``total`` their sum, ``floor`` the forward's least (input,
-    output, one activation, the parameters and the start-up)."""
+    output, one activation, the parameters and the start-up). ``slack``: pages the process holds beyond
+    its live tensors (the allocator's, and in a training loop the storages ``drift.memory``'s pool keeps
+    from step to step)."""
 
     fields: int
     parameters: int
     work: int
     startup: int
     floor: int
+    slack: int = 0
 
     @property
     def total(self) -> int:
-        return self.fields + self.parameters + self.work + self.startup
+        return self.fields + self.parameters + self.work + self.startup + self.slack
 
 
 def fno_memory(
@@ -135,16 +142,18 @@ def fno_memory(
         lift = (in_channels + len(global_shape) + 1) * 2 * width + (2 * width + 1) * (width + out_channels)
         pointwise = lift + n_layers * 2 * (width + 1) * width + 2 * width * width
     weights = n_layers * spectral + pointwise * dtype_bytes
+    slack = 0
     if pass_ is Pass.FORWARD:
         fields = io + field * activation + round((kept - 1.0) * field * dtype_bytes)
         if activation < dtype_bytes:
-            fields += round(_CONVERSION_SLACK * points * dtype_bytes)
+            slack = round(_CONVERSION_SLACK * points * dtype_bytes)
         parameters = weights
     else:
         fields = io + round(kept * field * dtype_bytes)
+        slack = round(_LOOP_SLACK * fields)
         parameters = ADAM_COPIES * weights + 2 * spectral  # a layer's weight gradient built, then summed
     floor = io + field * activation + weights + startup_bytes
-    return MemoryEstimate(fields, parameters, WORK_BYTES, startup_bytes, floor)
+    return MemoryEstimate(fields, parameters, WORK_BYTES, startup_bytes, floor, slack)
 
 
 class MemoryShortError(MemoryError):
@@ -158,7 +167,8 @@ def refuse_if_short(estimate: MemoryEstimate, available_bytes: int, what: str = 
     if estimate.total > available_bytes:
         raise MemoryShortError(
             f"{what} needs about {estimate.total / 2**30:.2f} GiB a rank (fields {estimate.fields / 2**30:.2f}, "
-            f"parameters {estimate.parameters / 2**30:.2f}, work {estimate.work / 2**30:.2f}, start-up "
+            f"parameters {estimate.parameters / 2**30:.2f}, work {estimate.work / 2**30:.2f}, allocator "
+            f"{estimate.slack / 2**30:.2f}, start-up "
             f"{estimate.startup / 2**30:.2f}) and {available_bytes / 2**30:.2f} GiB is available"
             + (f" ({source})" if source else "")
             + ": use more ranks, a smaller grid or batch, recompute (training) or bfloat16 activations (inference)"

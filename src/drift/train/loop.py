@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from drift import comm
+from drift.budget import peak_bytes
 from drift.checkpoint import save_checkpoint
 from drift.data import Prefetch
 from drift.jobs.cluster import Cluster, PeersLost, describe
@@ -217,6 +218,7 @@ def _end_epoch(
     with clock("test"), run.timeouts("test", f"epoch {epoch + 1}, the test pass"):
         test_l2 = relative_l2(run.model, run.test_set, run.sharding, config.batch_size, device, final, config.prefetch)
     seconds = time.perf_counter() - began
+    peak = comm.all_reduce_max(torch.tensor(float(peak_bytes(device)), dtype=torch.float64, device=device))
     row = dict(
         epoch=epoch + 1,
         train_loss=train_loss,
@@ -224,6 +226,7 @@ def _end_epoch(
         seconds=seconds,
         phase_seconds=clock.seconds,
         skipped_batches=sums.skipped,
+        peak_memory_gib=float(peak) / 2**30,  # the most any rank has held since it started
     )
     run.history.append(row)
     with run.timeouts("checkpoint", f"epoch {epoch + 1}, its checkpoint"):
