@@ -4,8 +4,9 @@ step, side by side.
 For each case, rounds alternate between the source tree of ``--before`` (extracted with ``git archive``)
 and the working tree; each measurement is a fresh ``torchrun`` group of P Gloo ranks (one thread each)
 that times ``--repeats`` passes after a warm-up, the slowest rank's time between barriers. A step is
-``zero_grad``, the forward, the backward of the mean square of the output and drift's Adam step. Prints
-the median per version and the ratio after / before, and writes JSON.
+``zero_grad``, the forward, the backward of the mean square of the output and drift's Adam step;
+``--neuralop`` builds the FNO with neuraloperator's options (``drift.nn.NEURALOP_DEFAULTS``, ``drift
+train``'s default model). Prints the median per version and the ratio after / before, and writes JSON.
 
     python benchmarks/redesign_overhead.py --before 9ebfdf8 --rounds 5
     python benchmarks/redesign_overhead.py --before 9ebfdf8 --cases fno:64x64x32x30:4 step:32x32x32x30:1
@@ -39,7 +40,7 @@ CASES = [  # (what, global shape, P, modes, layers)
 WIDTH = 20
 
 
-def _worker(what: str, shape: tuple, modes: tuple, layers: int, repeats: int) -> None:
+def _worker(what: str, shape: tuple, modes: tuple, layers: int, repeats: int, neuralop: bool) -> None:
     """One rank: build the block or model, time its forward or training step."""
     import torch
     import torch.distributed as dist
@@ -68,7 +69,7 @@ def _worker(what: str, shape: tuple, modes: tuple, layers: int, repeats: int) ->
             with torch.no_grad():
                 return dnn.fno_block(spectral, pointwise, x_local, layout)
     else:
-        model = dnn.FNO(5, 5, WIDTH, modes, n_layers=layers)
+        model = dnn.FNO(5, 5, WIDTH, modes, n_layers=layers, **(dnn.NEURALOP_DEFAULTS if neuralop else {}))
         xin = x_local
         if mesh is not None:
             dnn.parallelize(model, mesh, (Shard(2),))
@@ -103,10 +104,10 @@ def _worker(what: str, shape: tuple, modes: tuple, layers: int, repeats: int) ->
         print("RESULT", json.dumps(times))
 
 
-def _measure(tree: Path, case: tuple, repeats: int) -> list[float]:
+def _measure(tree: Path, case: tuple, repeats: int, neuralop: bool) -> list[float]:
     what, shape, size, modes, layers = case
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS="1")
-    args = [what, "x".join(map(str, shape)), ",".join(map(str, modes)), str(layers), str(repeats)]
+    args = [what, "x".join(map(str, shape)), ",".join(map(str, modes)), str(layers), str(repeats), str(int(neuralop))]
     command = [
         sys.executable,
         "-m",
@@ -143,12 +144,13 @@ def main() -> None:
         type=_case,
         help="what:shape:P, like step:32x32x32x30:4 (modes (8, 8, 8, 16))",
     )
-    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--neuralop", action="store_true", help="the FNO with neuraloperator's options")
+    parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        what, shape, modes, layers, repeats = args.worker
+        what, shape, modes, layers, repeats, neuralop = args.worker
         parse = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
-        _worker(what, shape_arg(shape), parse(modes), int(layers), int(repeats))
+        _worker(what, shape_arg(shape), parse(modes), int(layers), int(repeats), neuralop == "1")
         return
     if not args.before:
         parser.error("--before is required")
@@ -161,7 +163,7 @@ def main() -> None:
             samples: dict[str, list[float]] = {"before": [], "after": []}
             for _ in range(args.rounds):
                 for name, tree in trees.items():
-                    samples[name] += _measure(tree, case, args.repeats)
+                    samples[name] += _measure(tree, case, args.repeats, args.neuralop)
             before, after = (statistics.median(samples[k]) for k in ("before", "after"))
             row = dict(what=case[0], shape=case[1], ranks=case[2], before_s=before, after_s=after, ratio=after / before)
             row["samples"] = samples
@@ -173,7 +175,7 @@ def main() -> None:
                 flush=True,
             )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(before=args.before, rows=rows), indent=2))
+    Path(args.out).write_text(json.dumps(dict(before=args.before, neuralop=args.neuralop, rows=rows), indent=2))
     print(f"wrote {args.out}")
 
 

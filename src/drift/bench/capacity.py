@@ -64,10 +64,15 @@ def _trial_worker(
     x = as_model_input(random_input(layout, FIELDS), layout)
     start = time.perf_counter()
     if train:
+        # Two steps: a training loop's later steps hold more than its first (the pool's and the
+        # allocator's pages kept from step to step, drift.cost.memory's slack).
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        y = model(x)
-        (y.to_local() if layout.mesh is not None else y).square().mean().backward()
-        optimizer.step()
+        for _ in range(2):
+            y = model(x)
+            (y.to_local() if layout.mesh is not None else y).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            del y
     else:
         with torch.no_grad():
             model(x)
