@@ -150,6 +150,17 @@ def test_fourier_interpolate_is_exact_on_band_limited_fields():
     assert torch.allclose(fourier_interpolate(field(fine), 24), field(x), atol=1e-13)
 
 
+@pytest.mark.parametrize("drawn", [64, 16])
+def test_an_initial_field_drawn_on_another_grid_is_the_same_field(drawn):
+    # Drawn at 64^2 (or 16^2), a 32^2 solve starts from that field truncated (or zero-padded) to its grid.
+    own = VorticitySolver(drawn, NU)
+    solver = VorticitySolver(32, NU)
+    field = solver.plan.inverse(solver.initial(range(2), seed=3, resolution=drawn))
+    reference = fourier_interpolate(own.plan.inverse(own.initial(range(2), seed=3)), 32)
+    assert (field - reference).abs().max() <= 1e-12 * reference.abs().max()
+    assert torch.equal(solver.initial(range(2), seed=3, resolution=32), solver.initial(range(2), seed=3))
+
+
 def _generate(size: int, path: str, batch: int) -> None:
     mesh, placements = mesh_for((size, 1))
     generate_ns2d(
@@ -161,6 +172,7 @@ def _generate(size: int, path: str, batch: int) -> None:
         record_every=0.5,
         initial=True,
         seed=2,
+        initial_resolution=64,  # the spectra resampled across ranks too
         mesh=mesh,
         placements=placements,
         batch=batch,
@@ -191,6 +203,8 @@ def test_file_from_4_ranks_equals_1_rank(ranks, tmp_path):
         (dict(resolution=30, solve_resolution=30, ranks=4), "does not split over 4 ranks"),
         (dict(cfl=1.5), "cfl must be in"),
         (dict(forcing="kolmogorov"), "forcing must be one of"),
+        (dict(initial_resolution=9), "initial field's resolution must be even"),
+        (dict(initial_resolution=30, ranks=4), "initial field's resolution 30 does not split over 4 ranks"),
     ],
 )
 def test_bad_arguments(change, match):

@@ -35,7 +35,7 @@ def _generate(args: argparse.Namespace) -> int:
     sized = {name: getattr(args, name) or value for name, value in defaults.items()}
     if args.problem == "ns2d":
         names = ("samples", "solve_resolution", "viscosity", "forcing", "record_every", "initial", "seed", "dt")
-        names += ("cfl", "batch", "progress")
+        names += ("initial_resolution", "cfl", "batch", "progress")
         options = {name: getattr(args, name) for name in names} | sized
         return jobs.generate_ns2d(args.out, nproc=args.nproc, float32=args.float32, force=args.force, **options)
     names = ("samples", "t_end", "mach", "eta", "zeta", "seed", "device", "progress")
@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ns.add_argument("--record-every", type=positive(float), default=1.0, help="time units between frames")
     ns.add_argument("--initial", action="store_true", help="frame 0 is the initial field (else t = 1, 2, ...)")
+    ns.add_argument(
+        "--initial-resolution",
+        type=int,
+        help="draw the initial fields on this grid (default: the solve's, as Li's generator; a fixed one starts "
+        "every --solve-resolution from the same fields)",
+    )
     ns.add_argument("--dt", type=positive(float), help="a fixed time step (default: per interval from --cfl)")
     ns.add_argument("--cfl", type=positive(float), default=0.5)
     ns.add_argument("--batch", type=positive(int), default=8, help="trajectories solved together")

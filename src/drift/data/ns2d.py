@@ -79,6 +79,15 @@ def _band(n: int, keep: int) -> torch.Tensor:
     return torch.cat([torch.arange(half), torch.arange(n - half + 1, n)])
 
 
+def _wavenumbers(plan: DistributedFFT, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``|k|^2`` (float64) and the mask of the modes below Nyquist on ``plan``'s output block of the
+    ``n`` x ``n`` grid's spectrum."""
+    rows, cols = plan.output_slices()
+    kx = torch.fft.fftfreq(n, 1 / n, dtype=torch.float64)[rows, None]
+    ky = torch.arange(n // 2 + 1, dtype=torch.float64)[None, cols]
+    return kx**2 + ky**2, (kx.abs() < n / 2) & (ky < n / 2)
+
+
 class VorticitySolver:
     """The vorticity equation on an ``n`` x ``n`` grid, its rows split over ``mesh`` (``placements``: as
     ``DistributedFFT``'s, dim 1 whole; None: one process).
@@ -136,22 +145,28 @@ class VorticitySolver:
             )
         return self._plans[n]
 
-    def initial(self, trajectories: Sequence[int], seed: int) -> torch.Tensor:
-        """Li's Gaussian random field for each trajectory index: white noise drawn row by row (numpy's
-        ``default_rng([seed, trajectory, row])``, so any split of the rows draws the same field), filtered
-        to covariance ``sigma^2 (-lap + tau^2)^-alpha`` without the mean and Nyquist modes."""
-        rows = self.plan.local_slices[0]
+    def initial(self, trajectories: Sequence[int], seed: int, resolution: int | None = None) -> torch.Tensor:
+        """Li's Gaussian random field for each trajectory index, drawn on the ``resolution`` grid (default
+        the solve's; another gives the same field at every solve resolution, truncated or zero-padded to
+        it): white noise drawn row by row (numpy's ``default_rng([seed, trajectory, row])``, so any split
+        of the rows draws the same field), filtered to covariance ``sigma^2 (-lap + tau^2)^-alpha``
+        without the mean and Nyquist modes."""
+        m = resolution or self.n
+        plan = self._plan(m)
+        rows = plan.local_slices[0]
         noise = np.array(
             [
-                [np.random.default_rng([seed, t, r]).standard_normal(self.n) for r in range(rows.start, rows.stop)]
+                [np.random.default_rng([seed, t, r]).standard_normal(m) for r in range(rows.start, rows.stop)]
                 for t in trajectories
             ]
-        ).reshape(len(trajectories), rows.stop - rows.start, self.n)
+        ).reshape(len(trajectories), rows.stop - rows.start, m)
+        k2, band = (self.k2, self.band) if m == self.n else _wavenumbers(plan, m)
         # Li's field is Re ifft2(s * complex noise), s = n^2 sqrt(2) sigma (4 pi^2 |k|^2 + tau^2)^(-alpha / 2):
         # the real noise's rfft2 times s / n has the same covariance.
-        s = self.n * math.sqrt(2) * SIGMA * (4 * math.pi**2 * self.k2 + TAU**2) ** (-ALPHA / 2)
-        scale = (s * (self.k2 > 0)).to(self.plan.dtype).to(self.plan.device) * self.band
-        return self.plan.forward(torch.from_numpy(noise).to(self.plan.dtype).to(self.plan.device)) * scale
+        s = m * math.sqrt(2) * SIGMA * (4 * math.pi**2 * k2 + TAU**2) ** (-ALPHA / 2)
+        scale = (s * (k2 > 0)).to(plan.dtype).to(plan.device) * band.to(plan.dtype).to(plan.device)
+        w = plan.forward(torch.from_numpy(noise).to(plan.dtype).to(plan.device)) * scale
+        return w if m == self.n else self._resample(w, m, self.n)
 
     def velocity(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The velocity ``(u, v)`` on this rank's rows."""
@@ -235,16 +250,20 @@ class VorticitySolver:
         Only the band's k_x rows of the spectrum cross between ranks (one all-gather)."""
         if n == self.n:
             return self.plan.inverse(w)
-        keep = min(n, self.n)
-        src = _band(self.n, keep).to(w.device)
-        layout = Layout((keep - 1, self.n // 2 + 1), self.mesh, self.plan.output_placements)
-        kept = layout.gather(w.index_select(-2, src))[..., : keep // 2]  # (batch, keep - 1, keep / 2), every rank
-        target = self._plan(n)
-        cols = target.output_slices()[1]
+        return self._plan(n).inverse(self._resample(w, self.n, n, scale=False)) * (n / self.n) ** 2
+
+    def _resample(self, w: torch.Tensor, m: int, n: int, scale: bool = True) -> torch.Tensor:
+        """This rank's block of the ``n`` x ``n`` grid's spectrum holding the band ``|k| < min(m, n) / 2`` of
+        ``w``, this rank's block of an ``m`` x ``m`` grid's spectrum; ``scale``: times ``(n / m)^2``, the
+        same field's spectrum on the other grid. Only the band's k_x rows cross between ranks."""
+        keep = min(n, m)
+        layout = Layout((keep - 1, m // 2 + 1), self.mesh, self._plan(m).output_placements)
+        kept = layout.gather(w.index_select(-2, _band(m, keep).to(w.device)))[..., : keep // 2]  # every rank
+        cols = self._plan(n).output_slices()[1]
         block = w.new_zeros((*w.shape[:-2], n, cols.stop - cols.start))
         width = max(0, min(cols.stop, keep // 2) - cols.start)
         block[..., _band(n, keep).to(w.device), :width] = kept[..., cols.start : cols.start + width]
-        return target.inverse(block) * (n / self.n) ** 2
+        return block * (n / m) ** 2 if scale else block
 
 
 def fourier_interpolate(field: torch.Tensor, n: int) -> torch.Tensor:
@@ -281,6 +300,7 @@ def check_arguments(
     cfl: float,
     ranks: int,
     forcing: str | Callable = "li",
+    initial_resolution: int | None = None,
 ) -> None:
     """ValueError, one line, for arguments ``generate_ns2d`` cannot run with."""
     if not viscosity > 0:
@@ -297,7 +317,11 @@ def check_arguments(
             f"the record resolution {resolution} must be even and divide the solve resolution {solve_resolution} "
             "(or be a multiple of it: Fourier interpolation)"
         )
-    for what, n in (("solve", solve_resolution), ("record", resolution)):
+    if initial_resolution is not None and (initial_resolution < 8 or initial_resolution % 2):
+        raise ValueError(f"the initial field's resolution must be even and >= 8, got {initial_resolution}")
+    for what, n in (("solve", solve_resolution), ("record", resolution), ("initial field's", initial_resolution)):
+        if n is None:
+            continue
         if n % ranks:
             raise ValueError(
                 f"the {what} resolution {n} does not split over {ranks} ranks (each takes n / {ranks} rows)"
@@ -338,6 +362,7 @@ def generate_ns2d(
     frames: int = 50,
     initial: bool = False,
     seed: int = 0,
+    initial_resolution: int | None = None,
     dt: float | None = None,
     cfl: float = 0.5,
     mesh=None,
@@ -353,7 +378,9 @@ def generate_ns2d(
 
     Frames are at ``t = k * record_every``, k = 1..``frames`` (Li's ``u``), or k = 0..``frames`` - 1 with
     ``initial`` (frame 0 the initial field, Li's ``a``), at ``resolution``^2 from a solve at
-    ``solve_resolution``^2 (Fourier truncation, or interpolation when finer: ``resampling``). Time steps:
+    ``solve_resolution``^2 (Fourier truncation, or interpolation when finer: ``resampling``), each from an
+    initial field drawn at ``initial_resolution``^2 (default the solve's, as Li's generator; a fixed one
+    starts every solve resolution from the same field, truncated or zero-padded to it). Time steps:
     ``dt`` fixed (rounded down to divide ``record_every``; ValueError when its CFL number exceeds
     ``CFL_LIMIT`` at the start of an interval), or when None per trajectory and interval from ``cfl``.
     The rows are split over ``mesh`` (default: every rank, ``grid_mesh((ranks, 1))``); ``batch``
@@ -373,6 +400,7 @@ def generate_ns2d(
         cfl=cfl,
         ranks=ranks,
         forcing=forcing,
+        initial_resolution=initial_resolution,
     )
     if mesh is None:
         mesh, placements = grid_mesh((ranks, 1), "cpu" if device is None else torch.device(device).type)
@@ -384,7 +412,8 @@ def generate_ns2d(
         "equation": "w_t + u . grad w = nu lap w + f, u = (psi_y, -psi_x), -lap psi = w; periodic unit square",
         "viscosity": viscosity,
         "forcing": "0.1 (sin 2 pi (x + y) + cos 2 pi (x + y))" if forcing == "li" else str(forcing),
-        "initial condition": f"Li's GaussianRF: alpha {ALPHA}, tau {TAU}, sigma tau^(alpha - 1), mean zero",
+        "initial condition": f"Li's GaussianRF: alpha {ALPHA}, tau {TAU}, sigma tau^(alpha - 1), mean zero, "
+        f"drawn at {initial_resolution or solve_resolution}^2",
         "scheme": SCHEME,
         "time step": f"{record_every} / steps" + (f", dt {dt}" if dt else f", CFL {cfl} at each interval's start"),
         "record every": record_every,
@@ -405,7 +434,8 @@ def generate_ns2d(
     with writer, bar:
         for first in range(0, samples, batch):
             chosen = range(first, min(first + batch, samples))
-            out, steps = _trajectories(solver, chosen, seed, resolution, record_every, frames, initial, dt, cfl)
+            drawn = solver.initial(chosen, seed, initial_resolution)
+            out, steps = _trajectories(solver, drawn, resolution, record_every, frames, initial, dt, cfl)
             blocks = [("tensor", (slice(first, chosen.stop), slice(None), rows, slice(None)), out)]
             if comm.rank() == 0:
                 blocks.append(("steps", (slice(first, chosen.stop), slice(None)), steps))
@@ -417,8 +447,7 @@ def generate_ns2d(
 
 def _trajectories(
     solver: VorticitySolver,
-    chosen: range,
-    seed: int,
+    w: torch.Tensor,
     resolution: int,
     record_every: float,
     frames: int,
@@ -426,13 +455,12 @@ def _trajectories(
     dt: float | None,
     cfl: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's rows of the frames of trajectories ``chosen`` ``(batch, frames, r, resolution)`` and
-    the steps each took to each frame ``(batch, frames)``."""
-    w = solver.initial(chosen, seed)
+    """This rank's rows of the frames of the trajectories from ``w`` (this rank's block of their initial
+    spectra) ``(batch, frames, r, resolution)`` and the steps each took to each frame ``(batch, frames)``."""
     out, steps = [], []
     if initial:
         out.append(solver.record(w, resolution))
-        steps.append([0] * len(chosen))
+        steps.append([0] * w.shape[0])
     before = None
     while len(out) < frames:
         t = (len(out) - initial) * record_every

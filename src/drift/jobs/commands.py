@@ -83,6 +83,7 @@ def generate_ns2d(out: str, *, nproc: int, float32: bool, force: bool, **options
     if not force and os.path.exists(out):
         return fail("generate", f"--out {out} exists: pass --force to replace it")
     checked = ("samples", "resolution", "solve_resolution", "viscosity", "record_every", "frames", "dt", "cfl")
+    checked += ("initial_resolution",)
     try:  # before any rank starts
         check_arguments(ranks=nproc, forcing=options["forcing"], **{name: options[name] for name in checked})
     except ValueError as exc:
