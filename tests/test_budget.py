@@ -37,7 +37,7 @@ def test_the_budget_is_a_share_of_the_control_groups_limit(tmp_path, monkeypatch
     limit.write_text(f"{8 * GIB}\n")
     monkeypatch.setattr(budget, "PROC_CGROUP", tmp_path / "proc")
     monkeypatch.setattr(budget, "CGROUP_ROOT", tmp_path)
-    monkeypatch.setattr(budget, "_available_bytes", lambda: 20 * GIB)
+    monkeypatch.setattr(budget, "available_bytes", lambda: 20 * GIB)
     assert budget.cgroup_limit() == 8 * GIB
     assert budget.rank_budget("cpu", 4) == budget.RankBudget(2 * GIB, "the control group's limit shared by 4 ranks")
     assert budget.rank_budget("cpu", 4, 5.0) == budget.RankBudget(5 * GIB, "--memory-per-rank")

@@ -38,7 +38,7 @@ def rank_budget(device: str, local_ranks: int, per_rank_gib: float | None = None
     if device == "cuda":
         index = torch.cuda.current_device()
         return RankBudget(torch.cuda.get_device_properties(index).total_memory, f"the memory of GPU {index}")
-    available, what = _available_bytes(), "the memory available"
+    available, what = available_bytes(), "the memory available"
     limit = cgroup_limit()
     if limit is not None and limit < available:
         available, what = limit, "the control group's limit"
@@ -69,7 +69,7 @@ def cgroup_limit() -> int | None:
     return None
 
 
-def _available_bytes() -> int:
+def available_bytes() -> int:
     """MemAvailable from /proc/meminfo, or the physical memory where there is none (not Linux)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

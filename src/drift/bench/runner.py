@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from drift import comm
-from drift.budget import peak_bytes
+from drift.budget import available_bytes, peak_bytes
 from drift.jobs import launch
 from drift.profiling import synchronize_device
 
@@ -38,12 +38,8 @@ def machine() -> dict[str, Any]:
 
 
 def available_gb() -> float:
-    """MemAvailable from /proc/meminfo, in GB (what a new process can use without swapping)."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 / 1e9
-    raise RuntimeError("MemAvailable not found in /proc/meminfo")
+    """What a new process can use without swapping, in GB (``drift.budget.available_bytes``)."""
+    return available_bytes() / 1e9
 
 
 def peak_rss_gb() -> float:

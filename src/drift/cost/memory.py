@@ -170,8 +170,8 @@ def refuse_if_short(estimate: MemoryEstimate, available_bytes: int, what: str = 
         raise MemoryShortError(
             f"{what} needs about {estimate.total / 2**30:.2f} GiB a rank (fields {estimate.fields / 2**30:.2f}, "
             f"parameters {estimate.parameters / 2**30:.2f}, work {estimate.work / 2**30:.2f}, allocator "
-            f"{estimate.slack / 2**30:.2f}, start-up "
-            f"{estimate.startup / 2**30:.2f}) and {available_bytes / 2**30:.2f} GiB is available"
+            f"{estimate.slack / 2**30:.2f}, start-up {estimate.startup / 2**30:.2f}) and "
+            f"{available_bytes / 2**30:.2f} GiB is available"
             + (f" ({source})" if source else "")
             + ": use more ranks, a smaller grid or batch, recompute (training) or bfloat16 activations (inference)"
         )

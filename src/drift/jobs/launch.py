@@ -34,7 +34,6 @@ from drift.errors import PlanError
 GROUP_TIMEOUT_S = 1800.0  # generous: rank 0 may write the default data set first
 GRACE_S = 2.0  # after a rank fails, the others may answer this long (they may be stuck in a collective)
 POLL_S = 0.05  # how often the memory cap is checked
-JOINING = "joining the process group"
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1)  # what a pool passes on to its ranks while they run a task
 
 _device = torch.device("cpu")
@@ -287,7 +286,7 @@ class RankPool:
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
-        self._collect(JOINING, group_timeout_s + 60.0, None)
+        self._collect("joining the process group", group_timeout_s + 60.0, None, None)
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
         """``[fn(*args) on rank r for r in range(size)]`` (``fn`` importable, arguments and results
@@ -300,7 +299,7 @@ class RankPool:
                 conn.send_bytes(task)
         name = getattr(fn, "__name__", repr(fn))
         with self._forwarding(FORWARDED):
-            return self._collect(name, timeout_s or self.timeout_s, self.memory_cap_gb)
+            return self._collect(name, timeout_s or self.timeout_s, self.memory_cap_gb, self.rank_memory_bytes)
 
     @contextlib.contextmanager
     def _forwarding(self, signals: tuple[signal.Signals, ...]) -> Iterator[None]:
@@ -324,13 +323,15 @@ class RankPool:
             for number, handler in before.items():
                 signal.signal(number, handler)
 
-    def _collect(self, what: str, timeout_s: float | None, memory_cap_gb: float | None) -> list[Any]:
-        """Every rank's reply to the last task, or ``RankError`` (the pool torn down)."""
+    def _collect(
+        self, what: str, timeout_s: float | None, memory_cap_gb: float | None, rank_cap: int | None
+    ) -> list[Any]:
+        """Every rank's reply to the last task, or ``RankError`` (the pool torn down); ``memory_cap_gb`` and
+        ``rank_cap`` (bytes): the ranks' summed and each rank's private memory limits while it runs."""
         deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         replies: dict[int, _Reply] = {}
         pending = dict(enumerate(self._conns))
         failed_at = math.inf
-        rank_cap = None if what == JOINING else self.rank_memory_bytes
         poll_s = math.inf if memory_cap_gb is None and rank_cap is None else POLL_S
         while pending and (now := time.monotonic()) < (end := min(deadline, failed_at + GRACE_S)):
             left = min(end - now, poll_s)

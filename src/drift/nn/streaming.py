@@ -66,21 +66,13 @@ def lift_into(
         if coordinates is not None:
             coords = coordinates(s, s + part.shape[2], weight.dtype, x.device)
             part = torch.cat((part, coords.expand(x.shape[0], -1, -1)), dim=1)
-        chunk = _pointwise(lift, part, work.get(("lift",), (x.shape[0], hidden, part.shape[2]), weight.dtype, x.device))
+        chunk = lift(part, out=work.get(("lift",), (x.shape[0], hidden, part.shape[2]), weight.dtype, x.device))
         if lift_out is not None:
             activate_(act, chunk)
             shape = (x.shape[0], flat.shape[1], part.shape[2])
-            chunk = _pointwise(lift_out, chunk, work.get(("lift_out",), shape, weight.dtype, x.device))
+            chunk = lift_out(chunk, out=work.get(("lift_out",), shape, weight.dtype, x.device))
         flat[..., s : s + step].copy_(chunk)
     return out
-
-
-def _pointwise(layer: PointwiseLinear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` for ``x`` ``(b, in, n)`` written into ``out`` ``(b, out, n)``."""
-    w = layer.weight.expand(x.shape[0], -1, -1)
-    if layer.bias is None:
-        return torch.bmm(w, x, out=out)
-    return torch.baddbmm(layer.bias[None, :, None], w, x, out=out)
 
 
 def block_in_place(block: FNOBlock, x: torch.Tensor, layout: Layout, work: Workspace) -> torch.Tensor:

@@ -39,7 +39,7 @@ def step_memory(
     recipe = problem_recipe(config)
     in_channels, out_channels = recipe.channels(inputs, fields, config.t_in)
     shape = (*grid, config.t_out) if recipe.time_dim else tuple(grid)
-    parts = (*parts, 1) if recipe.time_dim else tuple(parts)
+    model_parts = (*parts, 1) if recipe.time_dim else tuple(parts)
     batch = math.ceil((batch_size or config.batch_size) / config.data_parallel)
     steps = 1
     if recipe.name == AUTOREGRESSIVE.name and not forward:
@@ -48,7 +48,7 @@ def step_memory(
     estimates = [
         fno_memory(
             shape,
-            parts,
+            model_parts,
             in_channels=in_channels,
             out_channels=out_channels,
             width=config.width,
@@ -66,7 +66,7 @@ def step_memory(
     ]
     estimate = max(estimates, key=lambda e: e.total)
     x_frames, y_frames = recipe.frame_counts(config.t_in, config.t_out)
-    points = batch * math.prod(math.ceil(n / p) for n, p in zip(grid, parts, strict=False))
+    points = batch * math.prod(math.ceil(n / p) for n, p in zip(grid, parts, strict=True))
     frames = BATCHES_HELD * points * (inputs * x_frames + fields * y_frames) * 4
     return dataclasses.replace(estimate, fields=estimate.fields + frames)
 

@@ -93,20 +93,21 @@ def evaluate(
     batch_size: int = 2,
     activations: str = "float32",
 ) -> dict:
-    """Relative L2 and PDEBench's metrics (``drift.metrics``, on the de-normalised fields) of a checkpoint's model on
-    its run's test set, on however many ranks call this.
+    """Relative L2 and PDEBench's metrics (``drift.metrics``, on the de-normalised fields) of a checkpoint's
+    model on its run's test set, on however many ranks call this.
 
-    ``checkpoint``: a run folder (its latest checkpoint), its ``checkpoints`` folder or one checkpoint. The test
-    set: every trajectory of ``test_data`` (files or folders, as ``drift train --test-data``), or the test split
-    (the run's ``split``, applied to each file) of ``data`` (a file, folder or sequence of them), or by default the
-    run's own: its ``--test-data`` if it had one, else the split of the files it trained on. It is read at its own
-    resolution or at ``resolution`` points per spatial dim (every (N / resolution)-th point of a file with N points
-    per dim): the same weights at any resolution, zero-shot super-resolution above the training one. ``method``
-    defaults to the run's (any method loads any other's checkpoint: the weights are the same global ones); ``grid``
-    and ``data_parallel`` lay out the ranks as for training; ``activations``: the fields between the blocks of the
-    model's streaming forward (one of ``drift.nn.ACTIVATION_DTYPES``: "bfloat16" halves them). A damaged latest
-    checkpoint is passed over for the newest older one that loads (``load_newest``). Returns a dict: the checkpoint,
-    where it was trained, ``split`` (the run's, or ``"test-data"`` for separate test files), ``test_files``,
+    ``checkpoint``: a run folder (its latest checkpoint), its ``checkpoints`` folder or one checkpoint.
+    The test set: every trajectory of ``test_data`` (files or folders, as ``drift train --test-data``), or
+    the test split (the run's ``split``, applied to each file) of ``data`` (a file, folder or sequence of
+    them), or by default the run's own: its ``--test-data`` if it had one, else the split of the files it
+    trained on. It is read at its own resolution or at ``resolution`` points per spatial dim (every
+    (N / resolution)-th point of a file with N points per dim): the same weights at any resolution,
+    zero-shot super-resolution above the training one. ``method`` defaults to the run's (any method loads
+    any other's checkpoint: the weights are the same global ones); ``grid`` and ``data_parallel`` lay out
+    the ranks as for training; ``activations``: the fields between the blocks of the model's streaming
+    forward (one of ``drift.nn.ACTIVATION_DTYPES``: "bfloat16" halves them). A damaged latest checkpoint is
+    passed over for the newest older one that loads (``load_newest``). Returns a dict: the checkpoint, where
+    it was trained, ``split`` (the run's, or ``"test-data"`` for separate test files), ``test_files``,
     ``test_rel_l2`` and ``pdebench`` (``PDEBenchMetrics.compute``'s).
     """
     config = trained_config(
