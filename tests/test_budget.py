@@ -4,6 +4,9 @@ training step refused by its estimate before any rank starts, and ranks held to 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import h5py
@@ -118,3 +121,35 @@ def test_ranks_are_held_to_their_budget():
         run_ranks(2, _allocate_on_rank_one, 0.8, rank_memory_bytes=GIB // 2, timeout_s=60)
     assert time.monotonic() - start < 60
     assert run_ranks(2, _allocate_on_rank_one, 0.1, rank_memory_bytes=GIB // 2, timeout_s=60)[1] > 0
+
+
+WATCHED = """
+import time
+import torch
+import torch.distributed as dist
+from drift.budget import MemoryWatch
+dist.init_process_group("gloo")
+with MemoryWatch(2**29):
+    if dist.get_rank() == 1:
+        kept = torch.ones(2**30 // 4)  # 1 GiB, past the 0.5 GiB
+    dist.barrier()  # rank 0 waits in a collective for the rank that ends
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU ranks' private memory")
+def test_torchruns_ranks_hold_themselves_to_their_budget(tmp_path):
+    script = tmp_path / "watched.py"
+    script.write_text(WATCHED)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    start = time.monotonic()
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert done.returncode != 0 and time.monotonic() - start < 60
+    lines = [line for line in done.stderr.splitlines() if "private memory reached" in line]
+    assert len(lines) == 1 and lines[0].endswith("past the 0.50 GiB it may use (--memory-per-rank)"), done.stderr
+    # Below its limit a watch leaves the process alone and stops when asked.
+    with budget.MemoryWatch(1 << 60) as watch:
+        time.sleep(0.2)
+    assert not watch._thread.is_alive()

@@ -378,7 +378,14 @@ def test_train_under_torchrun_matches_the_launcher(data, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     cmd += ["-m", "drift", "train"]
     cmd += ["--data", data, "--out", str(out), "--epochs", "2", "--lr", "0.01", *TINY]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # Each rank holds itself to --memory-per-rank (drift.budget.MemoryWatch), far above what it uses.
+    done = subprocess.run(
+        [*cmd, "--memory-per-rank", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, f"{done.stderr}\nstdout:\n{done.stdout[-2000:]}"
     assert done.stdout.count("done: 2 epochs") == 1  # rank 0 reports
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -4,13 +4,16 @@ the machine has.
 A GPU rank has its device's memory. CPU ranks share the machine: each has its share of the memory its
 control group allows (cgroup v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) or, without a limit, of
 the memory available when the run starts (``MemAvailable``). ``drift train`` and ``drift predict`` refuse
-a pass whose estimate (``drift.cost.fno_memory``) exceeds it, before any rank allocates; ranks that drift
-starts itself are also held to a given ``--memory-per-rank`` while they run (``drift.jobs.launch``)."""
+a pass whose estimate (``drift.cost.fno_memory``) exceeds it, before any rank allocates. On the CPU ranks
+are also held to a given ``--memory-per-rank`` while they run: by the launcher that started them
+(``drift.jobs.launch``), or under torchrun and srun by themselves (``MemoryWatch``)."""
 
 from __future__ import annotations
 
 import os
 import resource
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +98,51 @@ def peak_bytes(device: torch.device | str) -> int:
     status = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     kib = lambda key: int(status[key].split()[0]) * 1024  # noqa: E731
     return kib("VmHWM") - kib("RssFile") - kib("RssShmem")
+
+
+def private_bytes(pid: int | str = "self") -> int:
+    """A process's resident memory that is not file-backed or shared (``statm`` resident less shared): its
+    data, without the library code every rank maps (which summing resident sets would count once per rank).
+    0 once the process is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/statm").read_text().split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+
+
+class MemoryWatch:
+    """Holds this process to ``limit_bytes`` of private memory (``private_bytes``) where no launcher watches
+    it (ranks under torchrun or srun; drift's own launcher watches the ranks it starts): a daemon thread reads
+    it every ``interval_s`` seconds and, once past the limit, writes one line naming ``what`` to stderr and
+    ends the process with exit code 1, which ends its peers as any failed rank does. Linux only; a context
+    manager, or ``start``/``stop``."""
+
+    def __init__(self, limit_bytes: int, what: str = "--memory-per-rank", interval_s: float = 0.05) -> None:
+        self.limit_bytes, self.what, self.interval_s = limit_bytes, what, interval_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="drift-memory-watch", daemon=True)
+
+    def start(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def __enter__(self) -> MemoryWatch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            if (used := private_bytes()) > self.limit_bytes:
+                sys.stderr.write(
+                    f"drift: this rank's private memory reached {used / 2**30:.2f} GiB, past the "
+                    f"{self.limit_bytes / 2**30:.2f} GiB it may use ({self.what})\n"
+                )
+                sys.stderr.flush()
+                os._exit(1)  # at once: the main thread may be inside a collective or an allocation

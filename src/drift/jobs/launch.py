@@ -29,6 +29,7 @@ import torch
 
 from drift import comm
 from drift._compat import exit_now
+from drift.budget import private_bytes
 from drift.errors import PlanError
 
 GROUP_TIMEOUT_S = 1800.0  # generous: rank 0 may write the default data set first
@@ -169,17 +170,6 @@ def _join_restarted(backend: str) -> None:
         prefix=f"drift/attempt-{restart_count()}",
     )
     comm.init_process_group(backend, timeout_s=GROUP_TIMEOUT_S, store=prefixed, rank=rank, world_size=size)
-
-
-def _private_gb(pid: int) -> float:
-    """Resident memory of a process that is not file-backed (statm resident - shared), in GB: its
-    data, without the library code every rank maps (which summing RSS would count once per rank)."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            fields = f.read().split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
 def _failure(exc: BaseException) -> tuple[bool, str, str]:
@@ -347,14 +337,14 @@ class RankPool:
                     failed_at = min(failed_at, time.monotonic())
             if rank_cap is not None:
                 for rank, proc in enumerate(self._procs):
-                    if (used := _private_gb(proc.pid) * 1e9) > rank_cap:
+                    if (used := private_bytes(proc.pid)) > rank_cap:
                         self._stop([])
                         raise MemoryCapExceeded(
                             f"rank {rank}'s private memory reached {used / 2**30:.2f} GiB, past the "
                             f"{rank_cap / 2**30:.2f} GiB a rank may use"
                         )
             if memory_cap_gb is not None:
-                used = sum(_private_gb(p.pid) for p in self._procs)
+                used = sum(private_bytes(p.pid) for p in self._procs) / 1e9
                 if used > memory_cap_gb:
                     self._stop([])
                     raise MemoryCapExceeded(f"{self.size} ranks used {used:.2f} GB > cap {memory_cap_gb:.2f} GB")

@@ -275,8 +275,7 @@ class TrainConfig:
     memory_per_rank: float | None = option(
         None,
         "each rank's memory in GiB (a stand-in for an accelerator's): a step whose estimate exceeds it is refused "
-        "before any rank starts, and ranks drift starts itself (--nproc) end the run when one's private memory "
-        "passes it",
+        "before any rank starts, and on the CPU a rank whose private memory passes it ends the run",
         parse=positive_float,
         check=positive,
         metavar="GIB",

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from drift import comm
-from drift.budget import peak_bytes
+from drift.budget import MemoryWatch, peak_bytes
 from drift.checkpoint import save_checkpoint
 from drift.data import Prefetch
 from drift.jobs.cluster import Cluster, PeersLost, describe
@@ -281,7 +281,13 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
         # Ranks drift started were checked where it started them, memory included (their own allocations
         # would shrink the machine's share they measure); ranks under torchrun check here.
         check_config(config, comm.world_size(), memory=launched())
-        try:
-            return train(config, stop)
-        except Stopped as stopped:
-            return stopped
+        # On the CPU --memory-per-rank stands in for an accelerator's memory: torchrun's ranks hold themselves
+        # to it, as drift's launcher holds the ranks it starts.
+        watch = contextlib.nullcontext()
+        if launched() and config.memory_per_rank is not None and config.device == "cpu":
+            watch = MemoryWatch(round(config.memory_per_rank * 2**30))
+        with watch:
+            try:
+                return train(config, stop)
+            except Stopped as stopped:
+                return stopped
