@@ -9,9 +9,10 @@ files (``--train`` in order, whose first n trajectories train; ``--test``, every
 drift trains with ``drift train`` (``--model plain``: Li's blocks; the autoregressive recipe's loss counts
 every unrolled frame, its gradient through the whole unroll, as Li's ``fourier_2d_time.py``; ``--loss
 relative-l2``). neuraloperator's ``FNO`` (its defaults but the paper's sizes) is trained here by the same
-recipe: the same frames in, the same unroll and loss (relative L2 per trajectory, summed over the
-counted frames), AdamW at the same rate, weight decay and per-step cosine, batch and epochs, inputs and
-targets normalised per channel by the training trajectories' mean and standard deviation, as drift does.
+recipe: the same frames in, the same unroll and loss (each trajectory's relative L2 over all its
+predicted frames, averaged over the batch), AdamW at the same rate, weight decay and per-step cosine,
+batch and epochs, inputs and targets normalised per channel by the training trajectories' mean and
+standard deviation, as drift does.
 Both are scored here by one function on the physical test fields: Li's metric, each test trajectory's
 relative L2 over its predicted frames (x, y, t together), averaged. drift's predictions come from ``drift
 predict``.
@@ -19,7 +20,11 @@ predict``.
     python benchmarks/ns2d_table1.py --train data/table1/ns_v1e-3_T50_seed{0,1,2,3}.h5 \
         --test data/table1/ns_v1e-3_T50_seed{100,101}.h5 --sizes 100 200 400 --epochs 20
 
-Prints a markdown table and writes ``<out>/ns2d_table1.json``.
+Prints a markdown table and writes ``<out>/ns2d_table1.json`` after every run; run again with the same
+options, it skips the runs that file holds (a long sweep can stop and go on).
+
+The paper's figures at this setting (1,000 training trajectories, 500 epochs; Li et al., Table 1, the
+column viscosity 1e-3, T = 50, N = 1000): FNO-3D 0.0086, FNO-2D 0.0128.
 """
 
 from __future__ import annotations
@@ -163,30 +168,38 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/ns2d_table1"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    record_path = args.out / "ns2d_table1.json"
+    kept = ("train", "test", "t_in", "t_out", "epochs", "batch_size", "lr", "nproc")
+    setting = {k: v for k, v in vars(args).items() if k in kept}
+    rows = []
+    if record_path.exists() and (record := json.loads(record_path.read_text()))["setting"] == setting:
+        rows = record["rows"]
     test = frames(args.test)[:, : args.t_in + args.t_out]
     target = test[:, args.t_in :]
-    rows = []
     for size in args.sizes:
         train_file = subset(args.train, size, args.out)
         train = frames([str(train_file)])[:, : args.t_in + args.t_out]
         for name in args.models:
             for seed in args.seeds:
-                for row in (
-                    run_drift(args, name, train_file, target, seed),
-                    run_neuralop(args, name, train, test, seed),
-                ):
+                for side in ("drift", "neuralop"):
+                    key = dict(side=side, model=name, seed=seed, trajectories=size)
+                    if any(key.items() <= row.items() for row in rows):
+                        continue
+                    if side == "drift":
+                        row = run_drift(args, name, train_file, target, seed)
+                    else:
+                        row = run_neuralop(args, name, train, test, seed)
                     rows.append(dict(row, trajectories=size))
                     print(json.dumps(rows[-1]), flush=True)
+                    record_path.write_text(json.dumps(dict(setting=setting, rows=rows), indent=1))
     print("\n| training trajectories | model | drift rel. L2 | neuraloperator rel. L2 | drift / neuraloperator |")
     print("|---|---|---|---|---|")
     for size in args.sizes:
         for name in args.models:
-            got = {side: np.mean([r["rel_l2"] for r in rows if (r["side"], r["model"], r["trajectories"]) ==
-                                  (side, name, size)]) for side in ("drift", "neuralop")}  # fmt: skip
+            runs = [r for r in rows if (r["model"], r["trajectories"]) == (name, size) and r["seed"] in args.seeds]
+            got = {side: np.mean([r["rel_l2"] for r in runs if r["side"] == side]) for side in ("drift", "neuralop")}
             ratio = got["drift"] / got["neuralop"]
             print(f"| {size} | {name} | {got['drift']:.4f} | {got['neuralop']:.4f} | {ratio:.2f} |")
-    record = dict(args=vars(args) | dict(out=str(args.out)), rows=rows)
-    (args.out / "ns2d_table1.json").write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
