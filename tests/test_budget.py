@@ -19,7 +19,7 @@ import drift.train.budget
 from drift import budget
 from drift.cli import main
 from drift.data import DataFiles, write_synthetic
-from drift.jobs.launch import MemoryCapExceeded, run_ranks
+from drift.jobs.launch import MemoryCapExceeded, pooled, run_ranks
 from drift.train import TrainConfig
 from drift.train.budget import step_memory
 from drift.train.problem import resolve_problem
@@ -137,6 +137,10 @@ with MemoryWatch(2**29):
 """
 
 
+def _pooled(_) -> bool:
+    return pooled()
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU ranks' private memory")
 def test_torchruns_ranks_hold_themselves_to_their_budget(tmp_path):
     script = tmp_path / "watched.py"
@@ -149,6 +153,8 @@ def test_torchruns_ranks_hold_themselves_to_their_budget(tmp_path):
     assert done.returncode != 0 and time.monotonic() - start < 60
     lines = [line for line in done.stderr.splitlines() if "private memory reached" in line]
     assert len(lines) == 1 and lines[0].endswith("past the 0.50 GiB it may use (--memory-per-rank)"), done.stderr
+    # drift's launcher watches the ranks it starts itself: train_rank starts no watch of its own there.
+    assert run_ranks(2, _pooled, None) == [True, True] and not pooled()
     # Below its limit a watch leaves the process alone and stops when asked.
     with budget.MemoryWatch(1 << 60) as watch:
         time.sleep(0.2)

@@ -35,6 +35,7 @@ from drift.errors import PlanError
 GROUP_TIMEOUT_S = 1800.0  # generous: rank 0 may write the default data set first
 GRACE_S = 2.0  # after a rank fails, the others may answer this long (they may be stuck in a collective)
 POLL_S = 0.05  # how often the memory cap is checked
+_POOL_ENV = "DRIFT_POOL_RANK"  # set in the ranks a RankPool starts
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1)  # what a pool passes on to its ranks while they run a task
 
 _device = torch.device("cpu")
@@ -65,6 +66,11 @@ class RankTracebacks(Exception):
 def launched() -> bool:
     """Whether this process is one rank of a torchrun group or of a ``RankPool``."""
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def pooled() -> bool:
+    """Whether this process is a rank of a ``RankPool`` (which watches its ranks' memory itself)."""
+    return os.environ.get(_POOL_ENV) == "1"
 
 
 def cores() -> int:
@@ -180,6 +186,7 @@ def _failure(exc: BaseException) -> tuple[bool, str, str]:
 def _serve(rank: int, size: int, port: int, device: str, threads: int, group_timeout_s: float, conn) -> None:
     """A pool rank: join the group, then run each task ``conn`` brings and send back its reply."""
     os.environ.update(
+        {_POOL_ENV: "1"},
         RANK=str(rank),
         WORLD_SIZE=str(size),
         LOCAL_RANK=str(rank),

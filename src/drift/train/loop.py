@@ -22,7 +22,7 @@ from drift.checkpoint import save_checkpoint
 from drift.data import Prefetch
 from drift.jobs.cluster import Cluster, PeersLost, describe
 from drift.jobs.console import bars_shown
-from drift.jobs.launch import launched, process_group, rank_device
+from drift.jobs.launch import launched, pooled, process_group, rank_device
 from drift.jobs.stopping import STOPPED, Stopped, StopSignals
 from drift.jobs.timeouts import PhaseTimeouts
 from drift.metrics import PDEBenchMetrics
@@ -282,9 +282,9 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
         # would shrink the machine's share they measure); ranks under torchrun check here.
         check_config(config, comm.world_size(), memory=launched())
         # On the CPU --memory-per-rank stands in for an accelerator's memory: torchrun's ranks hold themselves
-        # to it, as drift's launcher holds the ranks it starts.
+        # to it; drift's launcher holds the ranks it starts.
         watch = contextlib.nullcontext()
-        if launched() and config.memory_per_rank is not None and config.device == "cpu":
+        if launched() and not pooled() and config.memory_per_rank is not None and config.device == "cpu":
             watch = MemoryWatch(round(config.memory_per_rank * 2**30))
         with watch:
             try:
