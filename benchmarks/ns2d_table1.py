@@ -20,8 +20,10 @@ predict``.
     python benchmarks/ns2d_table1.py --train data/table1/ns_v1e-3_T50_seed{0,1,2,3}.h5 \
         --test data/table1/ns_v1e-3_T50_seed{100,101}.h5 --sizes 100 200 400 --epochs 20
 
-Prints a markdown table and writes ``<out>/ns2d_table1.json`` after every run; run again with the same
-options, it skips the runs that file holds (a long sweep can stop and go on).
+Prints a markdown table and writes ``<out>/ns2d_table1.json`` after every run, its rows under a tag of the
+setting (the files, frames, epochs, batch, rate and ranks; the subsets and drift's runs are in
+``<out>/<tag>``): run again with the same setting, it skips the runs that file holds (a long sweep can stop
+and go on).
 
 The paper's figures at this setting (1,000 training trajectories, 500 epochs; Li et al., Table 1, the
 column viscosity 1e-3, T = 50, N = 1000): FNO-3D 0.0086, FNO-2D 0.0128.
@@ -30,7 +32,9 @@ column viscosity 1e-3, T = 50, N = 1000): FNO-3D 0.0086, FNO-2D 0.0128.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -68,12 +72,13 @@ def subset(paths: list[str], count: int, out: Path) -> Path:
     """A file of the first ``count`` trajectories of ``paths`` (with the first file's coordinates)."""
     path = out / f"train_{count}.h5"
     if not path.exists():
-        data = frames(paths, count).numpy()
-        with h5py.File(paths[0], "r") as src, h5py.File(path, "w") as f:
+        data, partial = frames(paths, count).numpy(), path.with_suffix(".partial")
+        with h5py.File(paths[0], "r") as src, h5py.File(partial, "w") as f:
             f.create_dataset("tensor", data=data)
             for key in ("x-coordinate", "y-coordinate", "t-coordinate"):
                 f.create_dataset(key, data=src[key][()])
             f.attrs.update(dict(src.attrs))
+        os.replace(partial, path)
     return path
 
 
@@ -83,8 +88,15 @@ def rel_l2(pred: torch.Tensor, true: torch.Tensor) -> float:
     return float((diff / true.double().flatten(1).norm(dim=1)).mean())
 
 
+def run(command: list[str]) -> None:
+    """``command``, raising with the end of its error output if it fails."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:4])} ... failed ({done.returncode}):\n{done.stderr[-3000:]}")
+
+
 def run_drift(args, name: str, train: Path, test: torch.Tensor, seed: int) -> dict:
-    out = args.out / f"drift_{name}_{train.stem}_{seed}"
+    out = train.parent / f"drift_{name}_{train.stem}_{seed}"
     spec = MODELS[name]
     command = [sys.executable, "-m", "drift", "train", "--data", str(train), "--test-data", *args.test,
                "--out", str(out), "--nproc", str(args.nproc), "--model", "plain", "--width", "20", "--layers", "4",
@@ -94,12 +106,12 @@ def run_drift(args, name: str, train: Path, test: torch.Tensor, seed: int) -> di
                "--lr", str(args.lr), "--loss", "relative-l2", "--seed", str(seed), "--no-plots",
                "--no-progress"]  # fmt: skip
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
+    run(command)
     seconds = time.perf_counter() - start
     predicted = out / "predicted.h5"
     predict = [sys.executable, "-m", "drift", "predict", str(out), "--data", *args.test, "--out", str(predicted),
                "--force", "--no-progress"]  # fmt: skip
-    subprocess.run(predict, check=True, capture_output=True)
+    run(predict)
     with h5py.File(predicted, "r") as f:
         pred = torch.from_numpy(f["tensor"][:, args.t_in : args.t_in + args.t_out])
     return dict(side="drift", model=name, seed=seed, train_s=seconds, rel_l2=rel_l2(pred, test))
@@ -167,17 +179,21 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=1, help="drift's ranks")
     parser.add_argument("--out", type=Path, default=Path("results/ns2d_table1"))
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    record_path = args.out / "ns2d_table1.json"
-    kept = ("train", "test", "t_in", "t_out", "epochs", "batch_size", "lr", "nproc")
+    kept = ("t_in", "t_out", "epochs", "batch_size", "lr", "nproc")
     setting = {k: v for k, v in vars(args).items() if k in kept}
-    rows = []
-    if record_path.exists() and (record := json.loads(record_path.read_text()))["setting"] == setting:
-        rows = record["rows"]
+    setting |= {k: [os.path.abspath(p) for p in getattr(args, k)] for k in ("train", "test")}
+    tag = hashlib.sha1(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:10]
+    work = args.out / tag
+    work.mkdir(parents=True, exist_ok=True)
+    record_path = args.out / "ns2d_table1.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    rows = record.setdefault(tag, dict(setting=setting, rows=[]))["rows"]
+    if rows:
+        print(f"{len(rows)} runs of setting {tag} done before: not run again", flush=True)
     test = frames(args.test)[:, : args.t_in + args.t_out]
     target = test[:, args.t_in :]
     for size in args.sizes:
-        train_file = subset(args.train, size, args.out)
+        train_file = subset(args.train, size, work)
         train = frames([str(train_file)])[:, : args.t_in + args.t_out]
         for name in args.models:
             for seed in args.seeds:
@@ -191,7 +207,9 @@ def main() -> None:
                         row = run_neuralop(args, name, train, test, seed)
                     rows.append(dict(row, trajectories=size))
                     print(json.dumps(rows[-1]), flush=True)
-                    record_path.write_text(json.dumps(dict(setting=setting, rows=rows), indent=1))
+                    partial = record_path.with_suffix(".partial")
+                    partial.write_text(json.dumps(record, indent=1))
+                    os.replace(partial, record_path)  # whole or not at all, should the sweep be killed
     print("\n| training trajectories | model | drift rel. L2 | neuraloperator rel. L2 | drift / neuraloperator |")
     print("|---|---|---|---|---|")
     for size in args.sizes:
