@@ -3,6 +3,7 @@ training step refused by its estimate before any rank starts, and ranks held to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from drift.data import DataFiles, write_synthetic
 from drift.jobs.launch import MemoryCapExceeded, pooled, run_ranks
 from drift.train import TrainConfig
 from drift.train.budget import step_memory
+from drift.train.loop import memory_watch
 from drift.train.problem import resolve_problem
 
 GIB = 2**30
@@ -129,9 +131,9 @@ import torch
 import torch.distributed as dist
 from drift.budget import MemoryWatch
 dist.init_process_group("gloo")
-with MemoryWatch(2**29):
+with MemoryWatch(2**30):
     if dist.get_rank() == 1:
-        kept = torch.ones(2**30 // 4)  # 1 GiB, past the 0.5 GiB
+        kept = torch.ones(2**31 // 4)  # 2 GiB, past the 1 GiB
     dist.barrier()  # rank 0 waits in a collective for the rank that ends
     time.sleep(60)
 """
@@ -142,7 +144,7 @@ def _pooled(_) -> bool:
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="CPU ranks' private memory")
-def test_torchruns_ranks_hold_themselves_to_their_budget(tmp_path):
+def test_torchruns_ranks_hold_themselves_to_their_budget(tmp_path, monkeypatch):
     script = tmp_path / "watched.py"
     script.write_text(WATCHED)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
@@ -152,9 +154,18 @@ def test_torchruns_ranks_hold_themselves_to_their_budget(tmp_path):
     )
     assert done.returncode != 0 and time.monotonic() - start < 60
     lines = [line for line in done.stderr.splitlines() if "private memory reached" in line]
-    assert len(lines) == 1 and lines[0].endswith("past the 0.50 GiB it may use (--memory-per-rank)"), done.stderr
-    # drift's launcher watches the ranks it starts itself: train_rank starts no watch of its own there.
+    assert len(lines) == 1 and lines[0].endswith("past the 1.00 GiB it may use (--memory-per-rank)"), done.stderr
+    # drift.train's ranks watch themselves under torchrun only: drift's launcher watches the ranks it starts.
     assert run_ranks(2, _pooled, None) == [True, True] and not pooled()
+    config = TrainConfig(memory_per_rank=1.5)
+    assert isinstance(memory_watch(config), contextlib.nullcontext)  # one process, no launcher
+    with monkeypatch.context() as torchrun:
+        torchrun.setenv("RANK", "0")
+        torchrun.setenv("WORLD_SIZE", "2")
+        assert memory_watch(config).limit_bytes == round(1.5 * GIB)
+        assert isinstance(memory_watch(TrainConfig()), contextlib.nullcontext)
+        torchrun.setenv("DRIFT_POOL_RANK", "1")
+        assert isinstance(memory_watch(config), contextlib.nullcontext)
     # Below its limit a watch leaves the process alone and stops when asked.
     with budget.MemoryWatch(1 << 60) as watch:
         time.sleep(0.2)

@@ -6,13 +6,12 @@ control group allows (cgroup v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) 
 the memory available when the run starts (``MemAvailable``). ``drift train`` and ``drift predict`` refuse
 a pass whose estimate (``drift.cost.fno_memory``) exceeds it, before any rank allocates. On the CPU ranks
 are also held to a given ``--memory-per-rank`` while they run: by the launcher that started them
-(``drift.jobs.launch``), or under torchrun and srun by themselves (``MemoryWatch``)."""
+(``drift.jobs.launch``), or under torchrun (also under srun) by themselves (``MemoryWatch``)."""
 
 from __future__ import annotations
 
 import os
 import resource
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,10 +112,10 @@ def private_bytes(pid: int | str = "self") -> int:
 
 class MemoryWatch:
     """Holds this process to ``limit_bytes`` of private memory (``private_bytes``) where no launcher watches
-    it (ranks under torchrun or srun; drift's own launcher watches the ranks it starts): a daemon thread reads
-    it every ``interval_s`` seconds and, once past the limit, writes one line naming ``what`` to stderr and
-    ends the process with exit code 1, which ends its peers as any failed rank does. Linux only; a context
-    manager, or ``start``/``stop``."""
+    it (ranks under torchrun, also under srun; drift's own launcher watches the ranks it starts): a daemon
+    thread reads it every ``interval_s`` seconds and, once past the limit, writes one line naming ``what`` to
+    stderr and ends the process with exit code 1, which ends its peers as any failed rank does. Needs Linux's
+    ``/proc`` (``OSError`` at ``start`` elsewhere); a context manager, or ``start``/``stop``."""
 
     def __init__(self, limit_bytes: int, what: str = "--memory-per-rank", interval_s: float = 0.05) -> None:
         self.limit_bytes, self.what, self.interval_s = limit_bytes, what, interval_s
@@ -124,6 +123,8 @@ class MemoryWatch:
         self._thread = threading.Thread(target=self._watch, name="drift-memory-watch", daemon=True)
 
     def start(self) -> MemoryWatch:
+        if not Path("/proc/self/statm").exists():
+            raise OSError(f"{self.what}: a process's private memory is read from Linux's /proc, absent here")
         self._thread.start()
         return self
 
@@ -139,10 +140,16 @@ class MemoryWatch:
 
     def _watch(self) -> None:
         while not self._stopped.wait(self.interval_s):
-            if (used := private_bytes()) > self.limit_bytes:
-                sys.stderr.write(
+            try:
+                used = private_bytes()
+            except (OSError, ValueError):  # a read cut short: the next one decides
+                continue
+            if used > self.limit_bytes:
+                line = (
                     f"drift: this rank's private memory reached {used / 2**30:.2f} GiB, past the "
                     f"{self.limit_bytes / 2**30:.2f} GiB it may use ({self.what})\n"
                 )
-                sys.stderr.flush()
-                os._exit(1)  # at once: the main thread may be inside a collective or an allocation
+                try:  # one write of the whole line, not interleaved with the main thread's output
+                    os.write(2, line.encode())
+                finally:  # at once: the main thread may be inside a collective or an allocation
+                    os._exit(1)

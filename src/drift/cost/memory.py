@@ -66,13 +66,22 @@ _UNROLL_KEPT = {False: 2.0, True: 5.8}
 # drift.memory's pool and glibc's heap keep from step to step; ``benchmarks/memory_model.py``), on 2-D grids
 # and on grids of 3 or more dims: 1.16-1.18x the live peak from the second step on in 2-D at 1280^2 and
 # 2560^2; 2% more than the first step at 80 x 80 x 40 x 30 on 4 ranks, within the fitted multiples of the
-# fields. neuraloperator's blocks recomputed hold more where their half-width channel-MLP fields are below
-# glibc's largest mmap threshold (32 MiB) and so come from its heap, which the recomputation fragments:
-# 1.5-2.1x the live peak in 2-D at 320^2-640^2, 1.7-1.8x at 24 x 24 x 12 x 30 (1.16x at 1280^2).
+# fields. On the CPU neuraloperator's blocks recomputed hold more where their half-width channel-MLP fields
+# are below glibc's largest mmap threshold (32 MiB) and so come from its heap, which the recomputation
+# fragments (benchmarks/memory_model.py: 1.59-1.91x the live peak at 640^2, 1.67x at 24 x 24 x 12 x 30,
+# 1.16x at 1280^2): a share of the fields that falls from _HEAP_SLACK's below a width-channel field of
+# _HEAP_BYTES[0] to the loop's at _HEAP_BYTES[1], linearly between.
 _CONVERSION_SLACK = 1.25
 _LOOP_SLACK = {False: 0.2, True: 0.0}
-_HEAP_FIELD_BYTES = 64 * 2**20
-_HEAP_RECOMPUTED_NEURALOP_SLACK = {False: 0.8, True: 0.5}
+_HEAP_SLACK = {False: 0.8, True: 0.5}
+_HEAP_BYTES = (32 * 2**20, 128 * 2**20)
+
+
+def _loop_slack(field_bytes: int, spatial_3d: bool, heap: bool) -> float:
+    """The share of a step's fields a training loop holds beyond them (``_LOOP_SLACK``, ``_HEAP_SLACK``)."""
+    low, high = _HEAP_BYTES
+    below = min(1.0, max(0.0, (high - field_bytes) / (high - low))) if heap else 0.0
+    return _LOOP_SLACK[spatial_3d] + below * (_HEAP_SLACK[spatial_3d] - _LOOP_SLACK[spatial_3d])
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,7 @@ def fno_memory(
     steps: int = 1,
     padding: float | Sequence[float] = 0.0,
     startup_bytes: int = STARTUP_BYTES,
+    device: str = "cpu",
 ) -> MemoryEstimate:
     """The peak bytes of the most loaded rank (``torch.chunk``'s first blocks) for a Li et al. FNO (plain
     blocks, or neuraloperator's with ``neuralop``: ``drift.nn.NEURALOP_DEFAULTS``) on ``batch`` samples of
@@ -120,7 +130,8 @@ def fno_memory(
     transform keeps k, the others 2k). ``activation_bytes``: the streaming forward's activations (2 for
     bfloat16; default ``dtype_bytes``). ``steps``: the model calls whose activations a step keeps for its
     backward pass (an autoregressive unroll's counted frames). ``padding``: the domain padding's fraction
-    of every dim, or of each (the blocks' fields grow by it)."""
+    of every dim, or of each (the blocks' fields grow by it). ``device``: the ranks' kind ("cpu" or "cuda"; the
+    CPU's heap holds more in some steps)."""
     if len(parts) != len(global_shape) or len(modes) != len(global_shape):
         raise ValueError(f"parts {parts} and modes {modes} need one entry per dim of {global_shape}")
     ranks = math.prod(parts)
@@ -156,8 +167,8 @@ def fno_memory(
         parameters = weights
     else:
         fields = io + round(kept * field * dtype_bytes)
-        heap = neuralop and pass_ is Pass.RECOMPUTE_STEP and field * dtype_bytes < _HEAP_FIELD_BYTES
-        slack = round((_HEAP_RECOMPUTED_NEURALOP_SLACK if heap else _LOOP_SLACK)[len(global_shape) > 2] * fields)
+        heap = device == "cpu" and neuralop and pass_ is Pass.RECOMPUTE_STEP
+        slack = round(_loop_slack(field * dtype_bytes, len(global_shape) > 2, heap) * fields)
         parameters = ADAM_COPIES * weights + 2 * spectral  # a layer's weight gradient built, then summed
     floor = io + field * activation + weights + startup_bytes
     return MemoryEstimate(fields, parameters, WORK_BYTES, startup_bytes, floor, slack)

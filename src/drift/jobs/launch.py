@@ -69,7 +69,8 @@ def launched() -> bool:
 
 
 def pooled() -> bool:
-    """Whether this process is a rank of a ``RankPool`` (which watches its ranks' memory itself)."""
+    """Whether this process is a rank of a ``RankPool``, which holds its ranks to a memory limit itself when
+    given one (``rank_memory_bytes``)."""
     return os.environ.get(_POOL_ENV) == "1"
 
 

@@ -61,6 +61,7 @@ def step_memory(
             steps=steps,
             padding=config.domain_padding or 0.0,
             activation_bytes=activation_bytes,
+            device=config.device,
         )
         for method in methods
     ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,9 @@ def check_config(config: TrainConfig, world_size: int, memory: bool = True) -> N
         # scheduler the launcher has placed them.
         if not launched() and gpus < world_size:
             raise ConfigError(f"--device cuda: {world_size} ranks on this machine need {world_size} GPUs, found {gpus}")
+    if config.memory_per_rank is not None and config.device == "cpu" and not Path("/proc/self/statm").exists():
+        # The ranks are held to it by reading their private memory, which only Linux's /proc gives.
+        raise ConfigError("--memory-per-rank on the CPU needs Linux's /proc, absent here: leave it out")
     if config.reduction is not None:
         check_reduction(config, world_size)
     if config.overlap != 1 and not _takes_reduction(config.method):

@@ -272,7 +272,7 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
     process group, make sure the data exist (rank 0 generates the default set), check, train. Returns
     the history, or the ``Stopped`` a signal ended the run with."""
     # From the start: a scheduler's warning while the group forms or the data load still stops the run.
-    with StopSignals() as stop, process_group(config.device):
+    with StopSignals() as stop, process_group(config.device), memory_watch(config):
         if config.data is None:
             if comm.rank() == 0:
                 ensure_default_data(False if config.quiet else config.progress, rank_device())
@@ -280,14 +280,17 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
             config = dataclasses.replace(config, data=str(default_data_path()))
         # Ranks drift started were checked where it started them, memory included (their own allocations
         # would shrink the machine's share they measure); ranks under torchrun check here.
-        check_config(config, comm.world_size(), memory=launched())
-        # On the CPU --memory-per-rank stands in for an accelerator's memory: torchrun's ranks hold themselves
-        # to it; drift's launcher holds the ranks it starts.
-        watch = contextlib.nullcontext()
-        if launched() and not pooled() and config.memory_per_rank is not None and config.device == "cpu":
-            watch = MemoryWatch(round(config.memory_per_rank * 2**30))
-        with watch:
-            try:
-                return train(config, stop)
-            except Stopped as stopped:
-                return stopped
+        check_config(config, comm.world_size(), memory=launched() and not pooled())
+        try:
+            return train(config, stop)
+        except Stopped as stopped:
+            return stopped
+
+
+def memory_watch(config: TrainConfig) -> contextlib.AbstractContextManager:
+    """What holds this rank to ``--memory-per-rank`` on the CPU (where it stands in for an accelerator's
+    memory): a ``MemoryWatch`` under torchrun; nothing in the ranks drift's launcher starts, which it holds
+    itself, nor on one process or a GPU."""
+    if launched() and not pooled() and config.memory_per_rank is not None and config.device == "cpu":
+        return MemoryWatch(round(config.memory_per_rank * 2**30))
+    return contextlib.nullcontext()
