@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -271,20 +272,27 @@ def train_rank(config: TrainConfig) -> list[dict] | Stopped:
     """One rank of ``drift train`` (an entry point for ``drift.jobs.launch.run_ranks`` or torchrun): join the
     process group, make sure the data exist (rank 0 generates the default set), check, train. Returns
     the history, or the ``Stopped`` a signal ended the run with."""
+    # Ranks drift started were checked where it started them, memory included (their own allocations would
+    # shrink the machine's share they measure); ranks under torchrun check here, before the group forms when
+    # the data exist: every rank refuses alike, none left waiting for a peer that already left.
+    own_check = launched() and not pooled()
+    early = own_check and config.data is not None
     # From the start: a scheduler's warning while the group forms or the data load still stops the run.
-    with StopSignals() as stop, process_group(config.device), memory_watch(config):
-        if config.data is None:
-            if comm.rank() == 0:
-                ensure_default_data(False if config.quiet else config.progress, rank_device())
-            comm.barrier()
-            config = dataclasses.replace(config, data=str(default_data_path()))
-        # Ranks drift started were checked where it started them, memory included (their own allocations
-        # would shrink the machine's share they measure); ranks under torchrun check here.
-        check_config(config, comm.world_size(), memory=launched() and not pooled())
-        try:
-            return train(config, stop)
-        except Stopped as stopped:
-            return stopped
+    with StopSignals() as stop:
+        if early:
+            check_config(config, int(os.environ["WORLD_SIZE"]), memory=True)
+        with process_group(config.device), memory_watch(config):
+            if config.data is None:
+                if comm.rank() == 0:
+                    ensure_default_data(False if config.quiet else config.progress, rank_device())
+                comm.barrier()
+                config = dataclasses.replace(config, data=str(default_data_path()))
+            if not early:
+                check_config(config, comm.world_size(), memory=own_check)
+            try:
+                return train(config, stop)
+            except Stopped as stopped:
+                return stopped
 
 
 def memory_watch(config: TrainConfig) -> contextlib.AbstractContextManager:
