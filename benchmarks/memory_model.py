@@ -22,19 +22,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-# (name, grid, modes, neuraloperator's blocks, unrolled steps, recompute)
+# (name, grid, modes, neuraloperator's blocks, unrolled steps, what is recomputed: drift.nn.set_recompute)
 CASES = [
-    ("step", (1280, 1280), (8, 8), False, 1, False),
-    ("step, neuraloperator's", (1280, 1280), (8, 8), True, 1, False),
-    ("step, recomputed", (1280, 1280), (8, 8), False, 1, True),
-    ("step, neuraloperator's, recomputed", (1280, 1280), (8, 8), True, 1, True),
-    ("step, neuraloperator's, recomputed", (640, 640), (8, 8), True, 1, True),
-    ("unroll of 3", (640, 640), (8, 8), False, 3, False),
-    ("unroll of 3, recomputed", (640, 640), (8, 8), False, 3, True),
-    ("unroll of 3, neuraloperator's, recomputed", (640, 640), (8, 8), True, 3, True),
-    ("step", (24, 24, 12, 30), (4, 4, 4, 8), False, 1, False),
-    ("step, recomputed", (24, 24, 12, 30), (4, 4, 4, 8), False, 1, True),
-    ("step, neuraloperator's, recomputed", (24, 24, 12, 30), (4, 4, 4, 8), True, 1, True),
+    ("step", (1280, 1280), (8, 8), False, 1, None),
+    ("step, neuraloperator's", (1280, 1280), (8, 8), True, 1, None),
+    ("step, neuraloperator's, MLPs recomputed", (1280, 1280), (8, 8), True, 1, "mlp"),
+    ("step, recomputed", (1280, 1280), (8, 8), False, 1, "blocks"),
+    ("step, neuraloperator's, recomputed", (1280, 1280), (8, 8), True, 1, "blocks"),
+    ("step, neuraloperator's, MLPs recomputed", (640, 640), (8, 8), True, 1, "mlp"),
+    ("step, neuraloperator's, recomputed", (640, 640), (8, 8), True, 1, "blocks"),
+    ("unroll of 3", (640, 640), (8, 8), False, 3, None),
+    ("unroll of 3, recomputed", (640, 640), (8, 8), False, 3, "blocks"),
+    ("unroll of 3, neuraloperator's, MLPs recomputed", (640, 640), (8, 8), True, 3, "mlp"),
+    ("unroll of 3, neuraloperator's, recomputed", (640, 640), (8, 8), True, 3, "blocks"),
+    ("step", (24, 24, 12, 30), (4, 4, 4, 8), False, 1, None),
+    ("step, recomputed", (24, 24, 12, 30), (4, 4, 4, 8), False, 1, "blocks"),
+    ("step, neuraloperator's, MLPs recomputed", (24, 24, 12, 30), (4, 4, 4, 8), True, 1, "mlp"),
+    ("step, neuraloperator's, recomputed", (24, 24, 12, 30), (4, 4, 4, 8), True, 1, "blocks"),
 ]
 IN_CHANNELS, OUT_CHANNELS, WIDTH, LAYERS = 5, 1, 20, 4
 
@@ -44,9 +48,10 @@ def measure(case: int, steps: int) -> dict:
     import torch
 
     from drift.budget import peak_bytes
-    from drift.cost import Pass, fno_memory
+    from drift.cost import fno_memory
     from drift.memory import LiveBytes
-    from drift.nn import FNO, NEURALOP_DEFAULTS
+    from drift.nn import FNO, NEURALOP_DEFAULTS, set_recompute
+    from drift.train.budget import STEP_PASS
 
     torch.set_num_threads(1)
     name, grid, modes, neuralop, unroll, recompute = CASES[case]
@@ -55,7 +60,7 @@ def measure(case: int, steps: int) -> dict:
     before = peak_bytes("cpu")
     torch.manual_seed(0)
     options = NEURALOP_DEFAULTS if neuralop else {}
-    model = FNO(IN_CHANNELS, OUT_CHANNELS, WIDTH, modes, LAYERS, recompute=recompute, **options)
+    model = set_recompute(FNO(IN_CHANNELS, OUT_CHANNELS, WIDTH, modes, LAYERS, **options), recompute)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(1, IN_CHANNELS, *grid)
 
@@ -78,7 +83,7 @@ def measure(case: int, steps: int) -> dict:
         loops.append(peak_bytes("cpu") - before)
     estimate = fno_memory(
         grid, (1,) * len(grid), in_channels=IN_CHANNELS, out_channels=OUT_CHANNELS, width=WIDTH, modes=modes,
-        n_layers=LAYERS, pass_=Pass.RECOMPUTE_STEP if recompute else Pass.STEP, neuralop=neuralop, steps=unroll,
+        n_layers=LAYERS, pass_=STEP_PASS[recompute], neuralop=neuralop, steps=unroll,
     )  # fmt: skip
     bare = estimate.total - estimate.startup
     return dict(

@@ -9,7 +9,8 @@ equal), batch size, epochs, optimizer (AdamW, learning rate 3e-3, weight decay 1
 drift per step, neuraloperator's Trainer per epoch) and seeds. neuraloperator's side is its usual pipeline:
 the data read into tensors, ``UnitGaussianNormalizer`` per channel in a ``DefaultDataProcessor``,
 ``Trainer`` with ``LpLoss`` (relative L2) to train and ``LpLoss``/``H1Loss`` to evaluate each epoch. drift's
-side is ``drift train --nproc 1`` (its own loss, normalisation and test pass). Both final models are scored
+side is ``drift train --nproc 1 --recompute mlp`` (its own loss, normalisation and test pass; the channel
+MLPs' tails as one kernel, ``--drift-recompute ''`` for the stored path). Both final models are scored
 here by one function on the physical test fields: PDEBench's nRMSE (``metric_func``'s: each trajectory's,
 channel's and frame's RMSE over its RMS, averaged); drift's through ``drift export`` and
 ``drift.load_exported``.
@@ -84,6 +85,8 @@ def run_drift(args, problem: str, path: Path, seed: int, x_test: torch.Tensor, y
                "--seed", str(seed), "--width", str(args.width), "--modes", str(args.modes), "--batch-size",
                str(args.batch_size), "--epochs", str(args.epochs), "--lr", str(args.lr), "--no-plots",
                "--no-progress", "--loss", args.drift_loss]  # fmt: skip
+    if args.drift_recompute:
+        command += ["--recompute", args.drift_recompute]
     if problem == "cfd":
         command += ["--recipe", "autoregressive", "--t-in", str(T_IN), "--t-out", "1"]
     subprocess.run(command, check=True, capture_output=True, env=env(args.threads))
@@ -172,6 +175,11 @@ def main() -> None:
         "--drift-loss",
         default="relative-l2",
         help="drift train --loss (relative-l2: the loss neuraloperator's LpLoss is)",
+    )
+    parser.add_argument(
+        "--drift-recompute",
+        default="mlp",
+        help="drift train --recompute ('' for none; mlp: the channel-MLP tails as one kernel, less time a step)",
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("results/neuralop_trainer"))

@@ -10,7 +10,7 @@ import torch
 from reference import TOL, random_tensor, rel_err, unfused, unfused_fno
 from torch.nn import functional as F
 
-from drift.nn import FNO
+from drift.nn import FNO, set_recompute
 from drift.nn.chunked import accumulate_in_place, chunked_mlp, linear_into, pointwise_activation
 from drift.nn.spectral import mix_channels
 
@@ -200,6 +200,61 @@ def _check_chunked_mlp(act, dtype, points):
     assert out.dtype == dtype and rel_err(out, want) <= TOL[dtype]
     for name, got, ref in zip(("x", "w1", "b1", "w2", "b2"), (x, *params), refs, strict=True):
         assert rel_err(got.grad, ref.grad) <= TOL[dtype], name
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["soft-gating", "identity"])
+@pytest.mark.parametrize("out_act", [F.gelu, torch.tanh, None], ids=["gelu", "tanh", "none"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("points", [None, 7], ids=["one-chunk", "7-point-chunks"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_channel_mlp_tail_equals_autograd(gated, out_act, dtype, points, threads):
+    """neuraloperator's block tail ``out_act(W2 gelu(W1 y + b1) + b2 + gate * x)`` as one node: value and
+    every gradient (the skip's input and gain too), ragged chunks, pieces per thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = random_tensor((2, 4, 6, 5), dtype, 1).requires_grad_(True)
+        x = random_tensor((2, 3, 6, 5), dtype, 7).requires_grad_(True)
+        shapes = [(9, 4), (9,), (3, 9), (3,)] + ([(3,)] if gated else [])
+        params = [random_tensor(shape, dtype, 2 + i).requires_grad_(True) for i, shape in enumerate(shapes)]
+        per_point = 3 * 9 * dtype.itemsize  # chunked_mlp's bytes per point
+        out = chunked_mlp(
+            y,
+            *params[:4],
+            F.gelu,
+            chunk_bytes=points and per_point * points,
+            skip=x,
+            gate=params[4] if gated else None,
+            out_non_linearity=out_act,
+        )
+        grad = random_tensor(out.shape, dtype, 6)
+        out.backward(grad)
+    finally:
+        torch.set_num_threads(before)
+    refs = _leaves(y, x, *params)
+    skip = refs[1] * refs[6].view(-1, 1, 1) if gated else refs[1]
+    want = unfused(unfused(refs[0], 0, refs[2], refs[3], F.gelu), skip, refs[4], refs[5], out_act)
+    want.backward(grad.double())
+    assert out.dtype == dtype and rel_err(out, want) <= TOL[dtype]
+    for name, got, ref in zip(("y", "x", "w1", "b1", "w2", "b2", "gate"), (y, x, *params), refs, strict=False):
+        assert rel_err(got.grad, ref.grad) <= TOL[dtype], name
+
+
+def test_neuralop_block_tail_runs_as_one_node():
+    """With ``recompute_mlp``, a neuraloperator block's channel MLP, soft-gating skip and activation are one
+    autograd node in a training forward (its hidden layer recomputed, not kept), and the block equals its
+    parts written out; without, its parts run as modules."""
+    torch.manual_seed(0)
+    model = FNO.neuralop_defaults(2, 1, 8, (3, 3), recompute_mlp=True, dtype=torch.float64)
+    block = model.blocks[0]
+    x = random_tensor((2, 8, 9, 7), torch.float64, 1).requires_grad_(True)
+    out = block(x)
+    assert type(out.grad_fn).__name__ == "_ChunkedMLPBackward"
+    y = block.spectral(x) + block.skip(x)
+    want = F.gelu(block.channel_mlp(F.gelu(y)) + block.channel_mlp_skip(x))
+    assert rel_err(out, want) <= 1e-12
+    set_recompute(model, None)
+    assert type(block(x).grad_fn).__name__ == "GeluBackward0"
 
 
 def test_an_empty_block_gives_zero_parameter_gradients():

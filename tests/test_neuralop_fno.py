@@ -35,6 +35,7 @@ EVEN_SHAPE = (10, 8, 6)
 # Every option at least once; each runs single-device, on a 4-rank slab and on a 2 x 2 pencil.
 CONFIGS = {
     "neuralop-defaults": dict(neuralop=True),
+    "neuralop-defaults-recompute-mlp": dict(neuralop=True, recompute_mlp=True),
     "instance-norm-soft-gating-tanh": dict(
         neuralop=True, norm="instance_norm", fno_skip="soft-gating", channel_mlp_skip="linear", non_linearity=torch.tanh
     ),

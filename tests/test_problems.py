@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from reference import rel_err
 from runs import DEVICE, assert_same_metrics, fails_with_one_line, metric_rows
 
 from drift.cli import main
@@ -163,3 +165,20 @@ def test_recompute_blocks_trains_as_the_stored_path(files, tmp_path, capsys):
 
     recorded = json.loads((out / "checkpoints" / "epoch-0002" / "meta.json").read_text())["config"]
     assert recorded["recompute"] == "blocks" and build_model(config_from(recorded), "cpu").recompute
+
+
+def test_recompute_mlp_trains_as_the_stored_path_but_for_rounding(files, tmp_path, capsys):
+    """--recompute mlp: neuraloperator's blocks run their channel-MLP tails as one node, whose gradients
+    equal the stored path's but for rounding: the losses agree to float32's, the checkpoint records it."""
+    options = ["--data", str(files["groups-2d-one-shot"]), *TINY, "--t-in", "2", "--t-out", "3", "--no-plots"]
+    losses = []
+    for extra in ([], ["--recompute", "mlp"]):
+        out = tmp_path / f"mlp{len(extra)}"
+        assert main(["train", "--out", str(out), *options, *extra]) == 0, capsys.readouterr().err
+        losses.append(torch.tensor([row["train_loss"] for row in metric_rows(out)], dtype=torch.float64))
+    assert rel_err(losses[1], losses[0]) <= 2e-6
+    from drift.train import build_model, config_from
+
+    recorded = json.loads((out / "checkpoints" / "epoch-0002" / "meta.json").read_text())["config"]
+    model = build_model(config_from(recorded), "cpu")
+    assert recorded["recompute"] == "mlp" and model.recompute_mlp and not model.recompute

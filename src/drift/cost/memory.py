@@ -29,11 +29,13 @@ ADAM_COPIES = 4  # a parameter, its gradient and Adam's two moments
 
 class Pass(Enum):
     """What runs: a forward without autograd (streaming where the blocks are plain), a training step that
-    keeps every block's activations (``STEP``), or one that recomputes them (``RECOMPUTE_STEP``)."""
+    keeps every block's activations (``STEP``), one that recomputes them (``RECOMPUTE_STEP``), or one that
+    recomputes the channel MLPs' hidden layers (``RECOMPUTE_MLP_STEP``, ``FNO.recompute_mlp``)."""
 
     FORWARD = "forward"
     STEP = "step"
     RECOMPUTE_STEP = "recompute step"
+    RECOMPUTE_MLP_STEP = "recompute mlp step"
 
 
 # Width-channel fields a pass holds at its peak beyond input and output: (fixed, per layer), for drift and
@@ -54,8 +56,15 @@ _FIELDS = {
 }
 # What neuraloperator's options (``drift.nn.NEURALOP_DEFAULTS``: the grid embedding, a lifting and a
 # projection twice the width, a channel MLP and a soft-gating skip in every block) add to those fields: a
-# step keeps the channel MLP's fields (the forward streams them a slab at a time).
-_NEURALOP_EXTRA = {Pass.FORWARD: (0.0, 0.0), Pass.STEP: (3.5, 3.0), Pass.RECOMPUTE_STEP: (8.1, 0.0)}
+# step keeps the channel MLP's fields, or with their hidden layers recomputed (``RECOMPUTE_MLP_STEP``) each
+# block's output before its channel MLP (``drift.nn.executor.channel_mlp_tail``); the forward streams them
+# a slab at a time.
+_NEURALOP_EXTRA = {
+    Pass.FORWARD: (0.0, 0.0),
+    Pass.STEP: (3.5, 3.0),
+    Pass.RECOMPUTE_STEP: (8.1, 0.0),
+    Pass.RECOMPUTE_MLP_STEP: (6.6, 1.0),
+}
 # Fields an unrolled step keeps beyond its blocks' inputs when the blocks recompute (the lift's output,
 # the projection's input): plain, and with neuraloperator's options.
 _UNROLL_KEPT = {False: 2.0, True: 5.8}
@@ -137,11 +146,13 @@ def fno_memory(
     ranks = math.prod(parts)
     points = batch * math.prod(math.ceil(n / p) for n, p in zip(global_shape, parts, strict=True))
     family = "drift" if method == "drift" else "dfno"
-    fixed, per_layer = _FIELDS[(family, pass_, len(global_shape) > 2)]
+    # Without a channel MLP, recomputing its hidden layer changes nothing: the step's fields.
+    stored = Pass.STEP if pass_ is Pass.RECOMPUTE_MLP_STEP else pass_
+    fixed, per_layer = _FIELDS[(family, stored, len(global_shape) > 2)]
     if neuralop:
         fixed, per_layer = fixed + _NEURALOP_EXTRA[pass_][0], per_layer + _NEURALOP_EXTRA[pass_][1]
     kept = fixed + per_layer * n_layers  # width-channel fields at the peak of one model call
-    if pass_ is Pass.STEP:
+    if stored is Pass.STEP:
         kept *= steps
     elif pass_ is Pass.RECOMPUTE_STEP:
         kept += (steps - 1) * (_UNROLL_KEPT[neuralop] + n_layers)

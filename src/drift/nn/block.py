@@ -11,11 +11,12 @@ from torch.nn import functional as F
 
 from drift.layout import Layout, to_dtensor
 from drift.modes import ModeSpec
-from drift.nn.chunked import activate
-from drift.nn.executor import fno_block
+from drift.nn.chunked import activate, branch
+from drift.nn.executor import channel_mlp_tail, fno_block, tail_fuses
 from drift.nn.norm import GlobalNorm
 from drift.nn.pointwise import ChannelMLP, PointwiseLinear, skip_connection
 from drift.nn.spectral import SpectralConv, layout_of
+from drift.recording import recorded
 
 
 class FNOBlock(nn.Module):
@@ -36,6 +37,13 @@ class FNOBlock(nn.Module):
       global field.
     - ``channel_mlp``: a two-layer ``ChannelMLP`` with ``channel_mlp_hidden`` channels (0: none),
       dropout ``channel_mlp_dropout``, and ``channel_mlp_skip`` of x.
+
+    ``recompute_mlp``: the tail ``act(channel_mlp(y) + channel_mlp_skip(x))`` runs as one node that keeps
+    ``y`` and ``x`` alone and recomputes the hidden layer in the backward pass
+    (``drift.nn.executor.channel_mlp_tail``): fewer fields kept and fewer passes over memory, the same
+    function and gradients up to rounding. Where ``tail_fuses`` (two layers, no dropout mask drawn, a
+    soft-gating or identity skip, real data outside autocast) and there is no ``mlp_norm``; elsewhere the
+    parts run as modules.
 
     The parts are built in this order from torch's default generator, so a seed gives the same block
     whatever the method.
@@ -59,11 +67,13 @@ class FNOBlock(nn.Module):
         channel_mlp_skip: str = "soft-gating",
         norm: str | None = None,
         complex_data: bool = False,
+        recompute_mlp: bool = False,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self.activation, self.non_linearity = activation, non_linearity
+        self.recompute_mlp = recompute_mlp
         factory = dict(dtype=dtype, device=device)
         pointwise = dict(complex_data=complex_data, **factory)
         fused = fno_skip == "linear" and norm is None
@@ -121,6 +131,16 @@ class FNOBlock(nn.Module):
         """The block on this rank's block ``x`` ``(b, width, *layout.local_shape)``. ``out``: where a plain
         block writes its output outside autograd (a contiguous tensor shaped as ``x``; see
         ``drift.nn.executor``)."""
+        mlp, act = self.channel_mlp, self.non_linearity if self.activation else None
+        tail = (
+            self.recompute_mlp
+            and mlp is not None
+            and self.mlp_norm is None
+            and tail_fuses(mlp, self.channel_mlp_skip, x)
+        )
+        x_tail = x
+        if tail and recorded(x):  # the tail's gradient of x and the block's summed into a pooled tensor
+            x, x_tail = branch(x)
         if self.fused:
             y = fno_block(self.spectral, self.skip, x, layout, self.activation, self.non_linearity, out=out)
         else:
@@ -130,6 +150,8 @@ class FNOBlock(nn.Module):
             y = y + self.skip(x)
             if self.activation:
                 y = activate(self.non_linearity, y)
+        if tail:
+            return channel_mlp_tail(mlp, self.channel_mlp_skip, y, x_tail, act)
         if self.channel_mlp is None and self.mlp_norm is None:
             return y
         if self.channel_mlp is not None:

@@ -125,22 +125,30 @@ def mlp_unrecorded(
     b2: torch.Tensor | None,
     non_linearity: Activation,
     work: Workspace,
+    *,
+    skip: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+    out_non_linearity: Activation | None = None,
 ) -> torch.Tensor:
-    """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)`` outside autograd, a chunk of points at a
+    """``W2 act(W1 x + b1) + b2`` on ``x`` ``(b, c_in, *spatial)``, plus ``gate * skip`` when ``skip``
+    (``(b, c_out, *spatial)``; ``gate`` ``(c_out,)``, or None for ``skip`` itself) is given, then
+    ``out_non_linearity`` when given: neuraloperator's channel MLP with its soft-gating or identity skip and
+    the block's activation. Outside autograd, a chunk of points at a
     time (``PIECE_BYTES`` of hidden layer per thread on the CPU, each thread's piece one gemm of a batched
     gemm) through resident buffers of ``work``: the hidden layer never exists for the whole block and
     nothing is allocated per chunk. ``b1`` rides in its gemm as a column of ``W1`` against a row of ones
     below the chunk of ``x`` (``addmm`` would first copy it over the whole hidden chunk); ``b2`` is copied
-    into the few output rows first, which keeps the hidden chunk contiguous for the activation
-    (``activates_whole``). ``x`` may be held in a lower precision than the weights' (``drift.nn.streaming``'s
-    activations): each chunk is computed in the weights'. Returns a fresh ``(b, c_out, *spatial)`` in the
-    weights' dtype (``drift.memory``)."""
+    into the few output rows first (with the chunk of ``gate * skip``), which keeps the hidden chunk
+    contiguous for the activation (``activates_whole``). ``x`` may be held in a lower precision than the
+    weights' (``drift.nn.streaming``'s activations): each chunk is computed in the weights'. Returns a
+    fresh ``(b, c_out, *spatial)`` in the weights' dtype (``drift.memory``)."""
     flat, dtype = _flat(x), w1.dtype
+    flat_skip = None if skip is None else _flat(skip)
     out = memory.empty((x.shape[0], w2.shape[0], flat.shape[2]), dtype, x.device)
     (hidden, width), out_channels = w1.shape, w2.shape[0]
     parts = _parts(x.device)
     step = _points_per_chunk(x.device, hidden * w1.element_size(), _thread_chunk_bytes(x.device))
-    size = -(-step // parts) * parts
+    size = -(-min(step, flat.shape[2]) // parts) * parts  # buffers no larger than the block's points
     w1_b1 = (w1 if b1 is None else torch.cat((w1, b1[:, None]), 1)).expand(parts, -1, -1)
     w2 = w2.expand(parts, -1, -1)
     inputs = work.get(("mlp_input",), (w1_b1.shape[2] * size,), dtype, x.device)
@@ -156,14 +164,35 @@ def mlp_unrecorded(
             h = torch.bmm(w1_b1[:q], part, out=_chunk_view(buffer, q, hidden, m // q))
             activate_(non_linearity, h)
             # q > 1 through a buffer: bmm into the strided pieces of out runs several times slower
-            result = out[i, :, s : s + m][None] if q == 1 else _chunk_view(results, q, out_channels, m // q)
-            if b2 is None:
+            target = _split(out[i, :, s : s + m], q)
+            # q > 1 or an activation to follow: through a contiguous buffer (bmm into the strided pieces of
+            # out runs several times slower, and so does GeLU on them)
+            direct = q == 1 and out_non_linearity is None
+            result = target if direct else _chunk_view(results, q, out_channels, m // q)
+            if skip is not None:
+                _gated_into(result, _split(flat_skip[i, :, s : s + m], q), gate, b2)
+                result.baddbmm_(w2[:q], h)
+            elif b2 is None:
                 torch.bmm(w2[:q], h, out=result)
             else:
                 torch.baddbmm(b2[None, :, None], w2[:q], h, out=result)
-            if q > 1:
-                _split(out[i, :, s : s + m], q).copy_(result)
+            if out_non_linearity is not None:
+                activate_(out_non_linearity, result)
+            if not direct:
+                target.copy_(result)
     return out.view(x.shape[0], out_channels, *x.shape[2:])
+
+
+def _gated_into(result: torch.Tensor, skip: torch.Tensor, gate: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+    """``result`` (``(q, c, m)``) overwritten by ``gate * skip + bias`` (``gate``, ``bias`` ``(c,)`` or None)."""
+    if gate is not None and bias is not None:
+        torch.addcmul(bias[:, None], skip, gate[:, None], out=result)
+    elif gate is not None:
+        torch.mul(skip, gate[:, None], out=result)
+    elif bias is not None:
+        torch.add(skip, bias[:, None], out=result)
+    else:
+        result.copy_(skip)
 
 
 def _thread_chunk_bytes(device: torch.device) -> int | None:
@@ -431,40 +460,48 @@ def pointwise_activation(
 
 
 class _ChunkedMLP(torch.autograd.Function):
-    """``W2 act(W1 x + b1) + b2`` on ``(b, c, *spatial)`` blocks. The forward pass is the unrecorded one's
-    (``mlp_unrecorded``: resident hidden buffers, the activation in place) and saves ``x``
-    alone. The backward pass recomputes the hidden layer ``step`` points of one batch item at a time,
-    cut into one piece per thread (``_parts``), through chunk-sized buffers made once per call, each gemm
-    a batched one over the pieces. The bias ``b1`` rides in the first gemm as a column of ``W1``
-    against a row of ones below the chunk of ``x`` (a copy of ``c`` rows, where adding it would touch
-    every hidden row), which also makes ``b1``'s gradient a column of that gemm's."""
+    """``out_act(W2 act(W1 x + b1) + b2 + gate * skip)`` on ``(b, c, *spatial)`` blocks (the skip term
+    without ``skip``, ``gate`` None for ``skip`` itself, no ``out_act`` for None). The forward pass is the
+    unrecorded one's (``mlp_unrecorded``: resident hidden buffers, the activations in place) and saves
+    ``x`` and ``skip`` alone. The backward pass recomputes the hidden layer (and with ``out_act`` the
+    pre-activation) ``step`` points of one batch item at a time, cut into one piece per thread
+    (``_parts``), through chunk-sized buffers made once per call, each gemm a batched one over the pieces.
+    The bias ``b1`` rides in the first gemm as a column of ``W1`` against a row of ones below the chunk of
+    ``x`` (a copy of ``c`` rows, where adding it would touch every hidden row), which also makes ``b1``'s
+    gradient a column of that gemm's."""
 
     @staticmethod
-    def forward(ctx, act: Activation, step: int, x: torch.Tensor, w1, b1, w2, b2) -> torch.Tensor:
-        ctx.act, ctx.step = act, step
-        ctx.save_for_backward(x, w1, b1, w2, b2)
-        return mlp_unrecorded(x, w1, b1, w2, b2, act, Workspace())
+    def forward(ctx, act: Activation, out_act: Activation | None, step: int, x, w1, b1, w2, b2, skip, gate):
+        ctx.act, ctx.out_act, ctx.step = act, out_act, step
+        ctx.save_for_backward(x, w1, b1, w2, b2, skip, gate)
+        work = Workspace()
+        return mlp_unrecorded(x, w1, b1, w2, b2, act, work, skip=skip, gate=gate, out_non_linearity=out_act)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        x, w1, b1, w2, b2 = ctx.saved_tensors
-        act, step = ctx.act, ctx.step
-        need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[2:]
+        x, w1, b1, w2, b2, skip, gate = ctx.saved_tensors
+        act, out_act, step = ctx.act, ctx.out_act, ctx.step
+        need_x, need_w1, need_b1, need_w2, need_b2, need_skip, need_gate = ctx.needs_input_grad[3:]
         batch, width, hidden, out_channels = x.shape[0], w1.shape[1], w1.shape[0], w2.shape[0]
         flat_x, flat_grad = _flat(x), _flat(grad)
+        flat_skip = None if skip is None else _flat(skip)
         grad_x = memory.empty_like(x) if need_x else None
+        grad_skip = memory.empty_like(skip) if need_skip else None
         flat_grad_x = None if grad_x is None else _flat(grad_x)
+        flat_grad_skip = None if grad_skip is None else _flat(grad_skip)
         parts = _parts(x.device)
         # (W1 b1)'s gradient transposed: MKL runs xs g_h^T faster than g_h xs^T at these shapes (K = points).
         grad_w1_b1_t = x.new_zeros(parts, width + 1, hidden) if need_w1 or need_b1 else None
         grad_w2 = x.new_zeros(parts, *w2.shape) if need_w2 else None
         grad_b2 = x.new_zeros(out_channels) if need_b2 else None
+        grad_gate = x.new_zeros(out_channels) if need_gate else None
         w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(parts, -1, -1)
-        w1_t, w2_t = w1.mT.expand(parts, -1, -1), w2.mT.expand(parts, -1, -1)
-        size = -(-step // parts) * parts
-        ones_x, g_buf, gx_buf, h, a, ga = (
-            x.new_empty(rows * size) for rows in (width + 1, out_channels, width, hidden, hidden, hidden)
+        w1_t, w2_t, w2_p = (w.expand(parts, -1, -1) for w in (w1.mT, w2.mT, w2))
+        size = -(-min(step, flat_x.shape[2]) // parts) * parts  # buffers no larger than the block's points
+        ones_x, g_buf, z_buf, gx_buf, h, a, ga = (
+            x.new_empty(rows * size)
+            for rows in (width + 1, out_channels, out_channels if out_act else 0, width, hidden, hidden, hidden)
         )
         for i in range(batch):
             for s, m, q in _pieces(flat_x.shape[2], step, parts):
@@ -472,17 +509,14 @@ class _ChunkedMLP(torch.autograd.Function):
                 g = _chunk_view(g_buf, q, out_channels, m // q).copy_(_split(flat_grad[i, :, s : s + m], q))
                 hs, acts, g_h = (_chunk_view(t, q, hidden, m // q) for t in (h, a, ga))
                 torch.bmm(w1_b1[:q], xs, out=hs)
+                _activate_into(act, hs, acts)
+                if out_act is not None:  # the pre-activation again, and the gradient of it over g
+                    zs = _chunk_view(z_buf, q, out_channels, m // q)
+                    _gated_into(zs, _split(flat_skip[i, :, s : s + m], q), gate, b2)
+                    zs.baddbmm_(w2_p[:q], acts)
+                    _through_activation_(out_act, zs, g)
                 torch.bmm(w2_t[:q], g, out=g_h)  # the gradient of act(h), then of h in place
-                if _is_exact_gelu(act):
-                    torch.ops.aten.gelu.out(hs, approximate="none", out=acts)
-                    torch.ops.aten.gelu_backward.grad_input(g_h, hs, approximate="none", grad_input=g_h)
-                else:
-                    with torch.enable_grad():
-                        leaf = hs.detach().requires_grad_(True)
-                        activated = act(leaf)
-                        (found,) = torch.autograd.grad(activated, leaf, g_h)
-                    acts.copy_(activated.detach())
-                    g_h.copy_(found)
+                _through_activation_(act, hs, g_h)
                 if grad_w2 is not None:
                     grad_w2[:q].baddbmm_(g, acts.mT)
                 if grad_b2 is not None:
@@ -493,12 +527,28 @@ class _ChunkedMLP(torch.autograd.Function):
                     # through a buffer: bmm into the strided pieces of grad_x runs several times slower
                     gx = torch.bmm(w1_t[:q], g_h, out=_chunk_view(gx_buf, q, width, m // q))
                     _split(flat_grad_x[i, :, s : s + m], q).copy_(gx)
+                if grad_skip is not None:
+                    _gated_into(_split(flat_grad_skip[i, :, s : s + m], q), g, gate, None)
+                if grad_gate is not None:
+                    grad_gate += (g * _split(flat_skip[i, :, s : s + m], q)).sum((0, 2))
         grad_w1 = grad_b1 = None
         if grad_w1_b1_t is not None:
             total = grad_w1_b1_t.sum(0).T.contiguous()
             grad_w1, grad_b1 = (total[:, :width] if need_w1 else None), (total[:, width] if need_b1 else None)
         grad_w2 = None if grad_w2 is None else grad_w2.sum(0)
-        return None, None, grad_x, grad_w1, grad_b1, grad_w2, grad_b2
+        return None, None, None, grad_x, grad_w1, grad_b1, grad_w2, grad_b2, grad_skip, grad_gate
+
+
+def _through_activation_(act: Activation, pre: torch.Tensor, grad: torch.Tensor) -> None:
+    """``grad`` overwritten by ``grad * act'(pre)``: closed-form for exact GeLU, autograd on ``pre`` for any
+    other callable (the general path)."""
+    if _is_exact_gelu(act):
+        torch.ops.aten.gelu_backward.grad_input(grad, pre, approximate="none", grad_input=grad)
+        return
+    with torch.enable_grad():
+        leaf = pre.detach().requires_grad_(True)
+        (found,) = torch.autograd.grad(act(leaf), leaf, grad)
+    grad.copy_(found)
 
 
 def chunked_mlp(
@@ -509,6 +559,10 @@ def chunked_mlp(
     b2: torch.Tensor,
     non_linearity: Activation,
     chunk_bytes: int | None = None,
+    *,
+    skip: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+    out_non_linearity: Activation | None = None,
 ) -> torch.Tensor:
     """The two-layer pointwise MLP ``W2 non_linearity(W1 x + b1) + b2`` on real ``x`` ``(b, c, *spatial)``
     (``W1`` ``(hidden, c)``, ``W2`` ``(out, hidden)``), a chunk of points at a time forward and backward,
@@ -516,9 +570,17 @@ def chunked_mlp(
     backward pass: the hidden layer never exists whole. The backward's chunks hold ``chunk_bytes`` of
     intermediates (default, as the forward's: ``PIECE_BYTES`` per thread on the CPU, each thread's piece
     one gemm of a batched gemm).
+
+    neuraloperator's block tail in the same node: ``skip`` ``(b, out, *spatial)`` adds ``gate * skip``
+    (``gate`` ``(out,)``, its soft-gating, or None for the identity skip) inside the second gemm's chunks,
+    and ``out_non_linearity`` (None: none) is applied to the sum, its pre-activation recomputed in the backward
+    pass with the hidden layer.
     ``act'`` is closed-form for exact GeLU, autograd on the chunk for any other callable (the general
-    path). Returns ``(b, out, *spatial)``."""
+    path). Returns ``(b, out, *spatial)``, a whole tensor from ``drift.memory``."""
     x = x.contiguous()
+    skip = None if skip is None else skip.contiguous()
+    if skip is None and gate is not None:
+        raise ValueError("chunked_mlp: gate= goes with skip=")
     per_point = 3 * w1.shape[0] * x.element_size()  # h, act(h) and their gradient, one batch item at a time
     step = _points_per_chunk(x.device, per_point, chunk_bytes or _thread_chunk_bytes(x.device))
-    return _ChunkedMLP.apply(non_linearity, step, x, w1, b1, w2, b2)
+    return _ChunkedMLP.apply(non_linearity, out_non_linearity, step, x, w1, b1, w2, b2, skip, gate)

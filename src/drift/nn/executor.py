@@ -7,6 +7,7 @@ and into its own intermediates. Autocast and complex data take the whole-tensor 
 
 - ``fno_block``: a block's ``act(K x + W x + b)``, the skip's gemm accumulating into K's output with the
   activation: the fused tail of an ``FNOBlock`` whose skip is linear and has no norm before it.
+- ``channel_mlp_tail``: neuraloperator's channel MLP, its skip and the activation after them, as one node.
 - ``Executor``: an FNO's resident buffers, the two activations that plain blocks write in turn and the
   projection's chunk buffers, and the projection, a chunk of points at a time.
 """
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator
 from itertools import cycle, repeat
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from drift._plan import Workspace
@@ -30,13 +32,39 @@ from drift.nn.chunked import (
     mlp_unrecorded,
     pointwise_activation,
 )
-from drift.nn.pointwise import PointwiseLinear
+from drift.nn.pointwise import ChannelMLP, PointwiseLinear, SoftGating
 from drift.nn.spectral import SpectralConv
 from drift.profiling import phase
 from drift.recording import autocasting, recorded
 from drift.truncated import TruncatedFFT
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+def tail_fuses(mlp: ChannelMLP, skip: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``channel_mlp_tail`` runs a block's channel MLP ``mlp`` and its ``skip`` on ``x``: two layers
+    drawing no dropout mask, a soft-gating or identity skip, real data outside autocast."""
+    return (
+        len(mlp.fcs) == 2
+        and all(fc.bias is not None for fc in mlp.fcs)
+        and (mlp.dropout is None or not mlp.training)
+        and isinstance(skip, (SoftGating, nn.Identity))
+        and not x.is_complex()
+        and not autocasting(x)
+    )
+
+
+def channel_mlp_tail(
+    mlp: ChannelMLP, skip: nn.Module, y: torch.Tensor, x: torch.Tensor, non_linearity: Activation | None
+) -> torch.Tensor:
+    """A neuraloperator block's tail ``act(mlp(y) + skip(x))`` (no ``act`` for None) on this rank's blocks
+    ``y`` and ``x`` ``(b, width, *local)``, as one node (``chunked_mlp``): the hidden layer a chunk of points
+    at a time, the skip's gain applied inside the second gemm's chunks, where the whole-tensor path makes
+    the hidden layer, its activation, the gated skip and the sum each a pass over memory, forward and
+    backward. Only where ``tail_fuses``."""
+    params = [fc.replicated(p) for fc in mlp.fcs for p in (fc.weight, fc.bias)]
+    gate = skip.replicated(skip.weight) if isinstance(skip, SoftGating) else None
+    return chunked_mlp(y, *params, mlp.non_linearity, skip=x, gate=gate, out_non_linearity=non_linearity)
 
 
 def fno_block(

@@ -99,8 +99,11 @@ class FNO(ConversionHooks):
     ``recompute``: a recorded forward keeps each block's input alone and the backward pass recomputes the
     block's activations (``torch.utils.checkpoint``, non-reentrant), its collectives rerun in the forward's
     order on every rank: about half a training step's activation memory, for one more forward of the
-    blocks. The gradients are bitwise those of the stored path. ``set_recompute`` sets it on a built or
-    parallelized model; the attribute ``recompute`` reads it.
+    blocks. The gradients are bitwise those of the stored path. ``recompute_mlp``: each block's channel MLP,
+    its skip and the activation after them run as one node that recomputes the MLP's hidden layer in the
+    backward pass (``FNOBlock``): fewer fields kept and less time a step, the gradients equal up to
+    rounding. ``set_recompute`` sets either on a built or parallelized model; the attributes ``recompute``
+    and ``recompute_mlp`` read them.
 
     Built on one device it is an ordinary module taking plain tensors; ``drift.nn.parallelize(model,
     mesh, placements)`` makes it take and return DTensors, its spectral weights sharded over the mesh
@@ -143,6 +146,7 @@ class FNO(ConversionHooks):
         non_linearity: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
         complex_data: bool = False,
         recompute: bool = False,
+        recompute_mlp: bool = False,
         activations: torch.dtype | None = None,
     ) -> None:
         super().__init__()
@@ -204,6 +208,7 @@ class FNO(ConversionHooks):
                 channel_mlp_skip=channel_mlp_skip,
                 norm=norm,
                 complex_data=complex_data,
+                recompute_mlp=recompute_mlp,
                 **padding,
                 **factory,
             )
@@ -300,18 +305,37 @@ class FNO(ConversionHooks):
         with phase("lift+projection"):
             return self.executor.project(self.project_hidden, self.project_out, self.non_linearity, x)
 
+    @property
+    def recompute_mlp(self) -> bool:
+        """Whether the blocks' channel-MLP tails recompute their hidden layers (``FNOBlock.recompute_mlp``)."""
+        return any(block.recompute_mlp for block in self.blocks)
+
+    @recompute_mlp.setter
+    def recompute_mlp(self, enabled: bool) -> None:
+        for block in self.blocks:
+            block.recompute_mlp = bool(enabled)
+
     def _before_conversion(self) -> None:
         self.executor.clear()
 
 
-def set_recompute(model: nn.Module, enabled: bool = True) -> nn.Module:
-    """Set ``recompute`` (see ``FNO``) on every ``FNO`` in ``model`` (``model`` itself one included), built
-    or parallelized; returns ``model``. ValueError when ``model`` holds no FNO."""
+RECOMPUTE = ("blocks", "mlp")
+
+
+def set_recompute(model: nn.Module, enabled: bool | str | None = True) -> nn.Module:
+    """Set what every ``FNO`` in ``model`` (``model`` itself one included), built or parallelized, recomputes
+    in the backward pass (see ``FNO``): "blocks" (or True) its blocks (``recompute``), "mlp" its blocks'
+    channel-MLP hidden layers (``recompute_mlp``), False or None nothing; returns ``model``. ValueError when
+    ``model`` holds no FNO or for another choice."""
+    choice = {True: "blocks", False: None}.get(enabled, enabled) if isinstance(enabled, bool) else enabled
+    if choice not in (None, *RECOMPUTE):
+        raise ValueError(f"set_recompute: enabled must be a bool, None or one of {RECOMPUTE}, got {enabled!r}")
     models = [m for m in model.modules() if isinstance(m, FNO)]
     if not models:
         raise ValueError(f"set_recompute: {type(model).__name__} holds no drift.nn.FNO")
     for fno in models:
-        fno.recompute = bool(enabled)
+        fno.recompute = choice == "blocks"
+        fno.recompute_mlp = choice == "mlp"
     return model
 
 

@@ -17,6 +17,8 @@ from drift.train.config import ConfigError, TrainConfig
 from drift.train.problem import problem_modes, problem_recipe
 
 BATCHES_HELD = 2  # the batch a step trains on and the one read ahead
+# The training step's pass for each --recompute choice.
+STEP_PASS = {None: Pass.STEP, "blocks": Pass.RECOMPUTE_STEP, "mlp": Pass.RECOMPUTE_MLP_STEP}
 
 
 def step_memory(
@@ -56,7 +58,7 @@ def step_memory(
             n_layers=config.layers,
             batch=batch,
             method=method,
-            pass_=Pass.FORWARD if forward else Pass.RECOMPUTE_STEP if config.recompute == "blocks" else Pass.STEP,
+            pass_=Pass.FORWARD if forward else STEP_PASS[config.recompute],
             neuralop=config.model == "neuralop",
             steps=steps,
             padding=config.domain_padding or 0.0,

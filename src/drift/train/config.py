@@ -22,6 +22,7 @@ from drift.arguments import (
 )
 from drift.data import SPLITS, generate
 from drift.nn import AUTO, FACTORIZATIONS, METHODS
+from drift.nn.fno import RECOMPUTE as NN_RECOMPUTE
 from drift.options import at_least, non_negative, option, positive
 from drift.recipes import RECIPES, TARGETS
 
@@ -73,7 +74,7 @@ LEGACY_OPTIONS = dict(
 # --recipe: how the model learns (drift.recipes); auto: static for static data, else one-shot.
 RECIPE_CHOICES = (*RECIPES, AUTO)
 # --recompute: what a training step recomputes in its backward pass instead of keeping (drift.nn.set_recompute).
-RECOMPUTE = ("blocks",)
+RECOMPUTE = NN_RECOMPUTE
 # Options a resumed run or an evaluation takes from its checkpoint when they are left unset.
 UNSET = dict(recipe=AUTO, modes=None, domain_padding=None)
 
@@ -218,7 +219,9 @@ class TrainConfig:
     recompute: str | None = option(
         None,
         "blocks: keep only each Fourier block's input and recompute its activations in the backward pass "
-        "(torch.utils.checkpoint): less memory a step, more time; the same gradients",
+        "(torch.utils.checkpoint): less memory a step, more time; the same gradients. mlp: neuraloperator's "
+        "blocks recompute their channel MLPs' hidden layers, the MLP, its skip and activation one kernel: "
+        "less memory and less time a step; the gradients equal but for rounding",
         choices=RECOMPUTE,
         unset="keep every activation for the backward pass",
     )

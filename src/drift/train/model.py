@@ -12,7 +12,7 @@ from drift._moved import moved_names
 from drift.data import FIELDS
 from drift.jobs.launch import GROUP_TIMEOUT_S
 from drift.layout import reduction_mesh
-from drift.nn import FNO, NEURALOP_DEFAULTS, parallelize, resolve_methods
+from drift.nn import FNO, NEURALOP_DEFAULTS, parallelize, resolve_methods, set_recompute
 from drift.train.checks import reduction_shape
 from drift.train.config import TrainConfig
 from drift.train.problem import problem_modes, problem_recipe
@@ -51,13 +51,13 @@ def build_model(
 ) -> FNO:
     """The FNO for ``config`` and the data's ``channels`` (inputs, fields: ``fno_options``), its parameters
     drawn from ``torch.manual_seed(config.seed)`` (without touching the caller's random state),
-    parallelized over ``sharding``'s mesh when it has one, its blocks recomputed in the backward pass with
-    ``--recompute blocks``. ``global_shape``: the model's input extents
+    parallelized over ``sharding``'s mesh when it has one, its blocks (or their channel MLPs' hidden layers)
+    recomputed in the backward pass with ``--recompute blocks`` (``mlp``). ``global_shape``: the model's input extents
     (the spatial ones, then ``t_out`` for a one-shot model), which ``--method auto`` chooses by."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = FNO(**fno_options(config, *channels), method=config.method, device=device)
-    model.recompute = config.recompute == "blocks"
+    set_recompute(model, config.recompute)
     if sharding is not None and sharding.mesh is not None:
         reduction = reduction_shape(config, sharding.mesh.size())
         if reduction is not None:
