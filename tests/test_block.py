@@ -11,7 +11,7 @@ from reference import TOL, random_tensor, rel_err, unfused, unfused_fno
 from torch.nn import functional as F
 
 from drift.nn import FNO, set_recompute
-from drift.nn.chunked import accumulate_in_place, chunked_mlp, linear_into, pointwise_activation
+from drift.nn.chunked import _activate_into, accumulate_in_place, chunked_mlp, linear_into, pointwise_activation
 from drift.nn.spectral import mix_channels
 
 ACTIVATIONS = {
@@ -255,6 +255,16 @@ def test_neuralop_block_tail_runs_as_one_node():
     assert rel_err(out, want) <= 1e-12
     set_recompute(model, None)
     assert type(block(x).grad_fn).__name__ == "GeluBackward0"
+
+
+def test_activate_into_a_strided_view():
+    """A chunk's activation written into the strided pieces of a block (``_split``'s view): aten's
+    ``gelu.out`` gives wrong values there, so the view takes the activation through a copy."""
+    h = random_tensor((3, 4, 10), torch.float64, 1)
+    block = torch.zeros(4, 30, dtype=torch.float64)
+    view = block.unflatten(-1, (3, 10)).transpose(0, 1)
+    _activate_into(F.gelu, h, view)
+    assert torch.equal(view, F.gelu(h))
 
 
 def test_an_empty_block_gives_zero_parameter_gradients():

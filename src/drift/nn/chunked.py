@@ -301,7 +301,9 @@ def accumulate_in_place(
 
 
 def _activate_into(act: Activation, h: torch.Tensor, out: torch.Tensor) -> None:
-    if _is_exact_gelu(act):
+    """``out`` overwritten by ``act(h)``. aten's ``gelu.out`` only into a contiguous ``out``: given a strided
+    view of the right shape it writes wrong values (torch 2.13)."""
+    if _is_exact_gelu(act) and out.is_contiguous():
         torch.ops.aten.gelu.out(h, approximate="none", out=out)
     else:
         out.copy_(act(h))
@@ -384,14 +386,7 @@ class _PointwiseActivation(torch.autograd.Function):
             if act is not None:
                 # g * act'(z) over z: the gradient of y, and of z for W, b and x.
                 z_part = flat_z[..., s : s + step]
-                if _is_exact_gelu(act):
-                    torch.ops.aten.gelu_backward.grad_input(g, z_part, approximate="none", grad_input=z_part)
-                else:
-                    with torch.enable_grad():
-                        leaf = z_part.detach().requires_grad_(True)
-                        (found,) = torch.autograd.grad(act(leaf), leaf, g)
-                    z_part.copy_(found)
-                g = z_part
+                g = _through_activation(act, z_part, g, out=z_part)
             if grad_x is not None:
                 torch.bmm(w_t, g, out=flat_grad_x[..., s : s + step])
             if grad_wb is not None:
@@ -514,9 +509,9 @@ class _ChunkedMLP(torch.autograd.Function):
                     zs = _chunk_view(z_buf, q, out_channels, m // q)
                     _gated_into(zs, _split(flat_skip[i, :, s : s + m], q), gate, b2)
                     zs.baddbmm_(w2_p[:q], acts)
-                    _through_activation_(out_act, zs, g)
+                    _through_activation(out_act, zs, g, out=g)
                 torch.bmm(w2_t[:q], g, out=g_h)  # the gradient of act(h), then of h in place
-                _through_activation_(act, hs, g_h)
+                _through_activation(act, hs, g_h, out=g_h)
                 if grad_w2 is not None:
                     grad_w2[:q].baddbmm_(g, acts.mT)
                 if grad_b2 is not None:
@@ -539,16 +534,16 @@ class _ChunkedMLP(torch.autograd.Function):
         return None, None, None, grad_x, grad_w1, grad_b1, grad_w2, grad_b2, grad_skip, grad_gate
 
 
-def _through_activation_(act: Activation, pre: torch.Tensor, grad: torch.Tensor) -> None:
-    """``grad`` overwritten by ``grad * act'(pre)``: closed-form for exact GeLU, autograd on ``pre`` for any
-    other callable (the general path)."""
+def _through_activation(act: Activation, pre: torch.Tensor, grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (``grad`` or ``pre`` itself, or a tensor of their shape) overwritten by ``grad * act'(pre)``;
+    returns ``out``. Closed-form for exact GeLU, autograd on ``pre`` for any other callable (the general
+    path)."""
     if _is_exact_gelu(act):
-        torch.ops.aten.gelu_backward.grad_input(grad, pre, approximate="none", grad_input=grad)
-        return
+        return torch.ops.aten.gelu_backward.grad_input(grad, pre, approximate="none", grad_input=out)
     with torch.enable_grad():
         leaf = pre.detach().requires_grad_(True)
         (found,) = torch.autograd.grad(act(leaf), leaf, grad)
-    grad.copy_(found)
+    return out.copy_(found)
 
 
 def chunked_mlp(

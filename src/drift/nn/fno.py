@@ -327,7 +327,7 @@ def set_recompute(model: nn.Module, enabled: bool | str | None = True) -> nn.Mod
     in the backward pass (see ``FNO``): "blocks" (or True) its blocks (``recompute``), "mlp" its blocks'
     channel-MLP hidden layers (``recompute_mlp``), False or None nothing; returns ``model``. ValueError when
     ``model`` holds no FNO or for another choice."""
-    choice = {True: "blocks", False: None}.get(enabled, enabled) if isinstance(enabled, bool) else enabled
+    choice = ("blocks" if enabled else None) if isinstance(enabled, bool) else enabled
     if choice not in (None, *RECOMPUTE):
         raise ValueError(f"set_recompute: enabled must be a bool, None or one of {RECOMPUTE}, got {enabled!r}")
     models = [m for m in model.modules() if isinstance(m, FNO)]
