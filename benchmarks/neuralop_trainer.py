@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,7 @@ def env(threads: int) -> dict:
 
 def run_drift(args, problem: str, path: Path, seed: int, x_test: torch.Tensor, y_test: torch.Tensor) -> dict:
     out = args.out / f"drift_{problem}_{seed}"
+    shutil.rmtree(out, ignore_errors=True)  # an earlier run's folder: drift train would resume it
     command = [sys.executable, "-m", "drift", "train", "--data", str(path), "--nproc", "1", "--out", str(out),
                "--seed", str(seed), "--width", str(args.width), "--modes", str(args.modes), "--batch-size",
                str(args.batch_size), "--epochs", str(args.epochs), "--lr", str(args.lr), "--no-plots",

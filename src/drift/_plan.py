@@ -110,11 +110,15 @@ class Workspace:
     grows when a larger one is asked for and serves smaller requests (a last, shorter chunk) as a view;
     one asked for on another device or in another dtype (after ``module.to``) replaces it. Buffers are
     ordinary tensors even when first made under ``torch.inference_mode``, so later calls outside it can
-    still write them.
+    still write them. ``empty(shape, dtype, device)`` makes a buffer (default ``torch.empty``;
+    ``drift.memory.empty`` for a workspace of one call, whose buffers then go back to the pool).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, empty: Callable[[tuple[int, ...], torch.dtype, torch.device], torch.Tensor] | None = None
+    ) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
+        self._empty = empty or (lambda shape, dtype, device: torch.empty(shape, dtype=dtype, device=device))
 
     def get(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if torch.compiler.is_compiling():  # the compiled graph allocates its own intermediates
@@ -124,7 +128,7 @@ class Workspace:
         if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < numel:
             self._buffers.pop(key, None)
             with torch.inference_mode(False):
-                buf = torch.empty(numel, dtype=dtype, device=device)
+                buf = self._empty((numel,), dtype, device)
             self._buffers[key] = buf
         return buf[:numel].view(shape)
 

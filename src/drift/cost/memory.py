@@ -57,17 +57,21 @@ _FIELDS = {
 # What neuraloperator's options (``drift.nn.NEURALOP_DEFAULTS``: the grid embedding, a lifting and a
 # projection twice the width, a channel MLP and a soft-gating skip in every block) add to those fields: a
 # step keeps the channel MLP's fields, or with their hidden layers recomputed (``RECOMPUTE_MLP_STEP``) each
-# block's output before its channel MLP (``drift.nn.executor.channel_mlp_tail``); the forward streams them
-# a slab at a time.
+# block's output before its channel MLP (``drift.nn.executor.channel_mlp_tail``) and of the lift its input
+# alone; the forward streams them a slab at a time.
 _NEURALOP_EXTRA = {
     Pass.FORWARD: (0.0, 0.0),
     Pass.STEP: (3.5, 3.0),
     Pass.RECOMPUTE_STEP: (8.1, 0.0),
-    Pass.RECOMPUTE_MLP_STEP: (6.6, 1.0),
+    Pass.RECOMPUTE_MLP_STEP: (2.6, 1.0),
 }
 # Fields an unrolled step keeps beyond its blocks' inputs when the blocks recompute (the lift's output,
 # the projection's input): plain, and with neuraloperator's options.
 _UNROLL_KEPT = {False: 2.0, True: 5.8}
+# Fields each further call of an unrolled step keeps when the channel MLPs recompute: (fixed, per layer),
+# a block's input and its channel MLP's, the lift's output and the projection's input (the first call's
+# peak holds the backward pass's transients besides: ``_NEURALOP_EXTRA``).
+_UNROLL_MLP_KEPT = (2.9, 2.0)
 # Pages a rank's private memory holds beyond its live tensors (``MemoryEstimate.slack``): values of
 # dtype_bytes a point when the streaming forward keeps its fields in a lower precision (``drift bench
 # capacity --activations bfloat16`` at 8,192^2-13,312^2 on 4 ranks: 84.8 bytes a point against the tensors'
@@ -152,7 +156,9 @@ def fno_memory(
     if neuralop:
         fixed, per_layer = fixed + _NEURALOP_EXTRA[pass_][0], per_layer + _NEURALOP_EXTRA[pass_][1]
     kept = fixed + per_layer * n_layers  # width-channel fields at the peak of one model call
-    if stored is Pass.STEP:
+    if pass_ is Pass.RECOMPUTE_MLP_STEP and neuralop:
+        kept += (steps - 1) * (_UNROLL_MLP_KEPT[0] + _UNROLL_MLP_KEPT[1] * n_layers)
+    elif stored is Pass.STEP:
         kept *= steps
     elif pass_ is Pass.RECOMPUTE_STEP:
         kept += (steps - 1) * (_UNROLL_KEPT[neuralop] + n_layers)

@@ -469,7 +469,7 @@ class _ChunkedMLP(torch.autograd.Function):
     def forward(ctx, act: Activation, out_act: Activation | None, step: int, x, w1, b1, w2, b2, skip, gate):
         ctx.act, ctx.out_act, ctx.step = act, out_act, step
         ctx.save_for_backward(x, w1, b1, w2, b2, skip, gate)
-        work = Workspace()
+        work = Workspace(memory.empty)  # its buffers back to the pool after the call: no faults the next step
         return mlp_unrecorded(x, w1, b1, w2, b2, act, work, skip=skip, gate=gate, out_non_linearity=out_act)
 
     @staticmethod
@@ -494,9 +494,10 @@ class _ChunkedMLP(torch.autograd.Function):
         w1_b1 = torch.cat((w1, b1[:, None]), 1).expand(parts, -1, -1)
         w1_t, w2_t, w2_p = (w.expand(parts, -1, -1) for w in (w1.mT, w2.mT, w2))
         size = -(-min(step, flat_x.shape[2]) // parts) * parts  # buffers no larger than the block's points
-        ones_x, g_buf, z_buf, gx_buf, h, a, ga = (
-            x.new_empty(rows * size)
-            for rows in (width + 1, out_channels, out_channels if out_act else 0, width, hidden, hidden, hidden)
+        gated = out_channels if grad_gate is not None else 0
+        ones_x, g_buf, z_buf, gx_buf, h, a, ga, gs_buf = (
+            memory.empty((rows * size,), x.dtype, x.device)
+            for rows in (width + 1, out_channels, out_channels if out_act else 0, width, hidden, hidden, hidden, gated)
         )
         for i in range(batch):
             for s, m, q in _pieces(flat_x.shape[2], step, parts):
@@ -525,7 +526,8 @@ class _ChunkedMLP(torch.autograd.Function):
                 if grad_skip is not None:
                     _gated_into(_split(flat_grad_skip[i, :, s : s + m], q), g, gate, None)
                 if grad_gate is not None:
-                    grad_gate += (g * _split(flat_skip[i, :, s : s + m], q)).sum((0, 2))
+                    gs = _chunk_view(gs_buf, q, out_channels, m // q)
+                    grad_gate += torch.mul(g, _split(flat_skip[i, :, s : s + m], q), out=gs).sum((0, 2))
         grad_w1 = grad_b1 = None
         if grad_w1_b1_t is not None:
             total = grad_w1_b1_t.sum(0).T.contiguous()

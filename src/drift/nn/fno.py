@@ -101,9 +101,9 @@ class FNO(ConversionHooks):
     order on every rank: about half a training step's activation memory, for one more forward of the
     blocks. The gradients are bitwise those of the stored path. ``recompute_mlp``: each block's channel MLP,
     its skip and the activation after them run as one node that recomputes the MLP's hidden layer in the
-    backward pass (``FNOBlock``): fewer fields kept and less time a step, the gradients equal up to
-    rounding. ``set_recompute`` sets either on a built or parallelized model; the attributes ``recompute``
-    and ``recompute_mlp`` read them.
+    backward pass (``FNOBlock``), and so does the two-layer lift (as the projection always does): fewer
+    fields kept and less time a step, the gradients equal up to rounding. ``set_recompute`` sets either on
+    a built or parallelized model; the attributes ``recompute`` and ``recompute_mlp`` read them.
 
     Built on one device it is an ordinary module taking plain tensors; ``drift.nn.parallelize(model,
     mesh, placements)`` makes it take and return DTensors, its spectral weights sharded over the mesh
@@ -288,6 +288,9 @@ class FNO(ConversionHooks):
                 coordinates = partial(grid_coordinates, layout) if grid else None
                 lift_options = dict(lift_out=self.lift_out, act=self.non_linearity, coordinates=coordinates)
                 x = lift_into(self.lift, x, next(outputs), self.executor.work, **lift_options)
+            elif self.lift_out is not None and self.recompute_mlp and recorded(x, *self.lift.parameters()):
+                # the lift's hidden layer recomputed in the backward pass, as the projection's is
+                x = self.executor.project(self.lift, self.lift_out, self.non_linearity, x)
             elif self.lift_out is not None:
                 x = self.lift_out(activate(self.non_linearity, self.lift(x)), out=next(outputs))
             else:
