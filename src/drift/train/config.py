@@ -220,8 +220,9 @@ class TrainConfig:
         None,
         "blocks: keep only each Fourier block's input and recompute its activations in the backward pass "
         "(torch.utils.checkpoint): less memory a step, more time; the same gradients. mlp: neuraloperator's "
-        "blocks recompute their channel MLPs' hidden layers, the MLP, its skip and activation one kernel: "
-        "less memory and less time a step; the gradients equal but for rounding",
+        "blocks recompute their channel MLPs' hidden layers, the MLP, its skip and activation one kernel, "
+        "and the two-layer lift its hidden layer: less memory and less time a step; the gradients equal but "
+        "for rounding",
         choices=RECOMPUTE,
         unset="keep every activation for the backward pass",
     )
