@@ -20,7 +20,8 @@ also count its reads of the data; PDEBench's data are in memory from before its 
 
 ``--trajectories N`` trains and tests on the first N trajectories of the default data (a file written into
 ``--out``): PDEBench's FNO3d on CPU is slow enough that the full set does not fit a short run.
-Prints a markdown table and writes ``<out>/pdebench_recipe.json``.
+Prints a markdown table. Each run is recorded in ``<out>/pdebench_recipe.json`` as it ends, and a later
+call with the same settings runs only the seeds and sides not recorded yet (a sweep over several sittings).
 """
 
 from __future__ import annotations
@@ -131,19 +132,35 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     data = subset(ensure_default_data(False), args.out / f"cfd3d_first{args.trajectories}.hdf5", args.trajectories)
 
-    runs = []
-    for i, seed in enumerate(args.seeds):
-        sides = [run_pdebench, None] if i % 2 == 0 else [None, run_pdebench]
-        for side in sides:
-            began = time.strftime("%H:%M:%S")
-            result = side(args, data, seed) if side else run_drift(args, data, seed, 1, args.threads)
-            runs.append(result)
-            print(f"{began} {result['side']} seed {seed}: nRMSE {result['nrmse']:.4f}, epochs {result['epochs_s']}",
-                  flush=True)  # fmt: skip
-    if args.beside:
-        result = run_drift(args, data, args.seeds[0], args.beside, 1)
+    # Each run is recorded as it ends; a run of the same settings already recorded is not run again, so a
+    # sweep longer than one sitting resumes where it stopped.
+    record_path = args.out / "pdebench_recipe.json"
+    settings = {k: v for k, v in vars(args).items() if k not in ("seeds", "out", "beside")}
+    settings = json.loads(json.dumps(settings, default=str))
+    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    runs = record.get("runs", []) if record.get("settings") == settings else []
+
+    def run(side: str, seed: int, call) -> None:
+        if any(r["side"] == side and r["seed"] == seed for r in runs):
+            print(f"{side} seed {seed}: recorded", flush=True)
+            return
+        began = time.strftime("%H:%M:%S")
+        result = call()
         runs.append(result)
-        print(f"{result['side']} seed {args.seeds[0]}: nRMSE {result['nrmse']:.4f}, epochs {result['epochs_s']}")
+        record_path.write_text(json.dumps(dict(settings=settings, runs=runs), indent=1))
+        print(f"{began} {side} seed {seed}: nRMSE {result['nrmse']:.4f}, epochs {result['epochs_s']}", flush=True)
+
+    for i, seed in enumerate(args.seeds):
+        sides = ["pdebench", "drift P=1"] if i % 2 == 0 else ["drift P=1", "pdebench"]
+        for side in sides:
+            if side == "pdebench":
+                run(side, seed, lambda seed=seed: run_pdebench(args, data, seed))
+            else:
+                run(side, seed, lambda seed=seed: run_drift(args, data, seed, 1, args.threads))
+    if args.beside:
+        seed = args.seeds[0]
+        run(f"drift P={args.beside}", seed, lambda: run_drift(args, data, seed, args.beside, 1))
+    runs = [r for r in runs if r["seed"] in args.seeds]
 
     pde = [r for r in runs if r["side"] == "pdebench"]
     one = [r for r in runs if r["side"] == "drift P=1"]
@@ -170,8 +187,6 @@ def main() -> None:
             f"| drift on {args.beside} ranks (seed {b['seed']}) | | nRMSE {b['nrmse']:.4f}, epoch "
             f"{statistics.median(b['epochs_s']):.1f} s | {epoch['pde'] / statistics.median(b['epochs_s']):.2f}x |"
         )
-    record = dict(runs=runs, args=vars(args) | dict(out=str(args.out)))
-    (args.out / "pdebench_recipe.json").write_text(json.dumps(record, indent=1, default=str))
 
 
 if __name__ == "__main__":
