@@ -112,9 +112,9 @@ def test_recompute_keeps_less_than_the_stored_step():
 
 def test_recompute_mlp_keeps_less_than_the_stored_step():
     """neuraloperator's blocks: the stored step keeps each channel MLP's hidden layer, its activation, the
-    gated skip and the sum; recomputing the hidden layer keeps the MLP's input alone (drift.cost.memory:
-    about 20.6 fields against 25.5 with four blocks; at 384^2, where the chunk buffers per thread are a
-    small share, whatever the thread count)."""
+    gated skip and the sum; recomputing the hidden layer keeps the MLP's input alone, and the lift its
+    input (drift.cost.memory: about 16.6 fields against 25.5 with four blocks; at 384^2, where the chunk
+    buffers per thread are a small share, whatever the thread count)."""
     torch.manual_seed(0)
     model = FNO.neuralop_defaults(5, 5, 20, (8, 8), n_layers=4)
     x = torch.randn(1, 5, 384, 384)
@@ -122,6 +122,31 @@ def test_recompute_mlp_keeps_less_than_the_stored_step():
     set_recompute(model, "mlp")
     recomputed = _step_peak(model, x)
     assert recomputed < 0.85 * stored, (recomputed, stored)
+
+
+def _saved_channels(model: FNO, x: torch.Tensor) -> set[int]:
+    """The channel counts of the grid-sized tensors a recorded forward saves for its backward pass."""
+    channels = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == x.dim() and t.shape[2:] == x.shape[2:]:
+            channels.add(t.shape[1])
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).square().mean().backward()
+    return channels
+
+
+def test_recompute_mlp_keeps_no_hidden_layer_of_the_lift():
+    """The two-layer lift (twice the width) keeps its hidden layer and that layer's activation for the
+    backward pass when stored, and only its input under ``recompute_mlp``, like the projection."""
+    torch.manual_seed(0)
+    model = FNO.neuralop_defaults(3, 2, 8, (4, 4), n_layers=2)
+    x = torch.randn(2, 3, 24, 20)
+    assert 16 in _saved_channels(model, x)  # the lift's hidden layer: 2 x width
+    set_recompute(model, "mlp")
+    assert 16 not in _saved_channels(model, x)
 
 
 def test_set_recompute():
