@@ -163,7 +163,6 @@ def mlp_unrecorded(
                 part = _with_ones(_chunk_view(inputs, q, width + 1, m // q), part)
             h = torch.bmm(w1_b1[:q], part, out=_chunk_view(buffer, q, hidden, m // q))
             activate_(non_linearity, h)
-            # q > 1 through a buffer: bmm into the strided pieces of out runs several times slower
             target = _split(out[i, :, s : s + m], q)
             # q > 1 or an activation to follow: through a contiguous buffer (bmm into the strided pieces of
             # out runs several times slower, and so does GeLU on them)

@@ -162,11 +162,11 @@ class Executor:
     def project(
         self, hidden: PointwiseLinear, out: PointwiseLinear, non_linearity: Activation, x: torch.Tensor
     ) -> torch.Tensor:
-        """The projection ``out(act(hidden(x)))`` a chunk of points at a time: its hidden layer, the largest
-        tensor of an FNO, never exists for the whole block, in the forward pass or for the backward one,
-        which recomputes it per chunk (``chunked_mlp``; complex data ``chunked_pointwise``); outside
-        autograd through resident chunk-sized buffers (``mlp_unrecorded``). Under autocast, in one
-        piece."""
+        """The projection ``out(act(hidden(x)))`` (and, under ``recompute_mlp``, the two-layer lift) a chunk of
+        points at a time: its hidden layer, the largest tensor of an FNO, never exists for the whole block,
+        in the forward pass or for the backward one, which recomputes it per chunk (``chunked_mlp``; complex
+        data ``chunked_pointwise``); outside autograd through resident chunk-sized buffers
+        (``mlp_unrecorded``). Under autocast, in one piece."""
         if autocasting(x):
             return out(activate(non_linearity, hidden(x)))
         params = [layer.replicated(p) for layer in (hidden, out) for p in (layer.weight, layer.bias)]

@@ -310,7 +310,8 @@ class FNO(ConversionHooks):
 
     @property
     def recompute_mlp(self) -> bool:
-        """Whether the blocks' channel-MLP tails recompute their hidden layers (``FNOBlock.recompute_mlp``)."""
+        """Whether the blocks' channel-MLP tails (``FNOBlock.recompute_mlp``) and the two-layer lift recompute
+        their hidden layers."""
         return any(block.recompute_mlp for block in self.blocks)
 
     @recompute_mlp.setter
