@@ -26,7 +26,8 @@ CASES = [
         "cfd",
         2,
         12,
-        ["--recipe", "autoregressive", "--t-in", "2", "--t-out", "4", "--pushforward", "2", "--target", "increment"],
+        ["--recipe", "autoregressive", "--t-in", "2", "--t-out", "4", "--pushforward", "2", "--target", "increment"]
+        + ["--loss", "nrmse"],
         ["--grid", "2x2"],
     ),
     ("scalar-1d-autoregressive", "scalar", 1, 20, ["--recipe", "autoregressive", "--t-in", "3", "--t-out", "3"], []),

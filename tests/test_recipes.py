@@ -147,6 +147,26 @@ def test_the_relative_l2_loss_has_the_global_losss_value_and_gradient():
     assert abs(float(loss) - float(direct)) <= 1e-15 and float((pred.grad - want).abs().max()) <= 1e-15
 
 
+def test_the_nrmse_loss_is_pdebenchs_nrmse_of_the_physical_fields():
+    """``--loss nrmse`` on one rank holding every trajectory whole: the mean over trajectories and fields of
+    each field's relative L2 error in physical units, and that formula's gradient."""
+    from drift.train.losses import relative_l2
+
+    g = torch.Generator().manual_seed(2)
+    mean, std = (1.5, 0.0, -2.0), (0.1, 2.0, 0.5)
+    y = torch.randn(3, 3, 5, 4, generator=g, dtype=torch.float64)
+    pred = (y + 0.3 * torch.randn(y.shape, generator=g, dtype=torch.float64)).requires_grad_()
+    m, s = (torch.tensor(v, dtype=torch.float64).view(1, 3, 1, 1) for v in (mean, std))
+    physical = [t * s + m for t in (pred, y)]
+    direct = ((physical[0] - physical[1]).flatten(2).norm(dim=2) / physical[1].flatten(2).norm(dim=2)).mean()
+    (want,) = torch.autograd.grad(direct, pred)
+    loss = relative_l2(pred, y, [0, 1, 2], 3, 1, (mean, std))
+    loss.backward()
+    assert abs(float(loss) - float(direct)) <= 1e-15 and float((pred.grad - want).abs().max()) <= 1e-15
+    # Not the normalised fields' relative L2: the density-like field's mean dwarfs its error.
+    assert abs(float(loss) - float(relative_l2(pred.detach(), y, [0, 1, 2], 3, 1))) > 0.1
+
+
 @pytest.mark.parametrize("module", ["drift.recipes", "drift.data.assembly", "drift.data"])
 def test_each_module_imports_first(module):
     # The recipes and the data sets import each other's names: each must import in a fresh interpreter.

@@ -52,8 +52,8 @@ SCHEDULES = ("constant", "cosine")
 META_KEYS = ("epoch", "world_size", "config", "stats", "global_shape", "history")
 # --loss: the MSE of the normalised fields, or each (field, predicted frame) weighted by the inverse of its
 # variance over the training trajectories (``frame_weights``), so that late, decayed frames count as much, or
-# each trajectory's relative L2 error (``drift.train.losses``).
-LOSSES = ("mse", "frame-weighted", "relative-l2")
+# each trajectory's relative L2 error, or each field's in physical units (PDEBench's nRMSE; ``drift.train.losses``).
+LOSSES = ("mse", "frame-weighted", "relative-l2", "nrmse")
 # What a non-finite loss or gradient norm does: stop the run, or skip that batch.
 ON_NAN = ("stop", "skip-batch")
 # Options checkpoints written before the option existed were trained with.
@@ -239,7 +239,8 @@ class TrainConfig:
         "frame-weighted: each field and predicted frame weighted by the inverse of its variance over the "
         "training trajectories, so that late frames, whose fluctuations have decayed, count as much as early "
         "ones; mse: the MSE of the normalised fields; relative-l2: each trajectory's ||pred - true|| / ||true|| "
-        "(neuraloperator's LpLoss, what PDEBench's nRMSE measures)",
+        "of the normalised fields (neuraloperator's LpLoss); nrmse: each trajectory's and field's "
+        "||pred - true|| / ||true|| of the physical fields, averaged (PDEBench's nRMSE)",
         choices=LOSSES,
     )
     batch_size: int = option(
