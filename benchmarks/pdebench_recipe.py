@@ -1,14 +1,14 @@
-"""PDEBench's own FNO recipe against drift's autoregressive recipe on drift's default 3-D CFD data.
+"""PDEBench's own FNO recipe against drift's recipes on drift's default 3-D CFD data.
 
 PDEBench's side is its own code (``pdebench/models/fno/train.py``'s ``run_training``, FNO3d, its loader and
 ``metric_func``) run by ``benchmarks/peers/pdebench_fno.py`` in PDEBench's own Python (``--pdebench-python``,
 a separate virtual environment with torch) from a PDEBench source tree (``--pdebench-src``), changed only in
-the data path, the epochs and the batch size. drift's side is ``drift train --recipe autoregressive
---target increment --t-in 5 --t-out 16 --split pdebench`` with a model of no more parameters than
-PDEBench's FNO3d, the same batch size and epochs (so the same optimizer steps) and the same test
-trajectories (PDEBench's first ``int(10%)``); its final model's predictions (``drift predict``) are scored
-by PDEBench's ``FNODatasetSingle`` and ``metric_func``, as PDEBench's are: nRMSE of the physical fields
-over frames 5-20.
+the data path, the epochs and the batch size. drift's side is ``drift train --t-in 5 --t-out 16 --split
+pdebench`` with one of ``DRIFT_RECIPES`` (``--drift-recipe``: a model of no more parameters than PDEBench's
+FNO3d, checked before it runs), the same batch size and epochs (so the same optimizer steps) and the same
+test trajectories (PDEBench's first ``int(10%)``); its final model's predictions (``drift predict``) are
+scored by PDEBench's ``FNODatasetSingle`` and ``metric_func``, as PDEBench's are: nRMSE of the physical
+fields over frames 5-20.
 
 Both run in one process on ``--threads`` threads, interleaved per seed (the order alternates); drift on
 ``--beside`` ranks (one thread each) runs after them for the first seed. An epoch's time is the whole
@@ -21,7 +21,8 @@ also count its reads of the data; PDEBench's data are in memory from before its 
 ``--trajectories N`` trains and tests on the first N trajectories of the default data (a file written into
 ``--out``): PDEBench's FNO3d on CPU is slow enough that the full set does not fit a short run.
 Prints a markdown table. Each run is recorded in ``<out>/pdebench_recipe.json`` as it ends, and a later
-call with the same settings runs only the seeds and sides not recorded yet (a sweep over several sittings).
+call with the same settings runs only the seeds and sides not recorded yet (a sweep over several sittings;
+PDEBench's runs serve every drift recipe of the same data, epochs and batch).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,10 +40,25 @@ from pathlib import Path
 import h5py
 import torch
 
-from drift.nn import FNO, NEURALOP_DEFAULTS
+from drift.cli import build_parser
+from drift.nn import FNO
 from drift.train import ensure_default_data
+from drift.train.config import config_from
+from drift.train.model import fno_options
+from drift.train.problem import resolve_problem
 
 HERE = Path(__file__).resolve().parent
+# drift's recipes beside PDEBench's (each with --t-in 5 --t-out 16 --split pdebench, the batch and epochs of
+# the run). autoregressive: PDEBench's own recipe's unroll, the model predicting increments, trained on each
+# trajectory's relative L2 error (found best of those tried: docs/benchmarks/problems.md); one-shot: the 16
+# frames at once, time an FNO dim zero-padded by half (its frames are not periodic), trained on PDEBench's
+# nRMSE itself.
+DRIFT_RECIPES = {
+    "autoregressive": ["--recipe", "autoregressive", "--target", "increment", "--width", "36", "--modes", "8",
+                       "--lr", "1e-2", "--loss", "relative-l2"],
+    "one-shot": ["--recipe", "one-shot", "--width", "32", "--modes", "4", "--domain-padding", "0,0,0,0.5",
+                 "--lr", "1e-2", "--loss", "nrmse"],
+}  # fmt: skip
 
 
 def subset(source: Path, out: Path, n: int) -> Path:
@@ -71,16 +88,16 @@ def run_pdebench(args, data: Path, seed: int) -> dict:
 
 
 def drift_options(args) -> list[str]:
+    """``drift train``'s options for ``--drift-recipe``, with this run's batch and epochs."""
     return [
-        "--recipe", "autoregressive", "--target", "increment", "--t-in", "5", "--t-out", "16",
-        "--split", "pdebench", "--width", str(args.width), "--modes", str(args.modes),
-        "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--lr", str(args.lr),
-        "--no-plots", "--no-progress",
+        *DRIFT_RECIPES[args.drift_recipe], "--t-in", "5", "--t-out", "16", "--split", "pdebench",
+        "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--no-plots", "--no-progress",
     ]  # fmt: skip
 
 
 def run_drift(args, data: Path, seed: int, nproc: int, threads: int) -> dict:
-    out = args.out / f"drift_p{nproc}_{seed}"
+    out = args.out / f"drift_{args.drift_recipe}_p{nproc}_{seed}"
+    shutil.rmtree(out, ignore_errors=True)  # an interrupted run's: this one is not recorded
     drift = [sys.executable, "-m", "drift"]
     command = [*drift, "train", "--data", str(data), "--nproc", str(nproc), "--seed", str(seed), "--out", str(out)]
     began = time.perf_counter()
@@ -96,14 +113,15 @@ def run_drift(args, data: Path, seed: int, nproc: int, threads: int) -> dict:
         [*score, "--data", str(data), "--pred", str(pred)], check=True, capture_output=True, text=True, env=env(threads)
     )
     metrics = json.loads(done.stdout.strip().splitlines()[-1])
-    return dict(side=f"drift P={nproc}", seed=seed, epochs_s=[r["seconds"] for r in history], wall_s=wall, **metrics)
+    epochs, options = [r["seconds"] for r in history], drift_options(args)
+    return dict(side=f"drift P={nproc}", seed=seed, options=options, epochs_s=epochs, wall_s=wall, **metrics)
 
 
-def drift_parameters(args) -> tuple[int, int]:
+def drift_parameters(args, data: Path) -> tuple[int, int]:
     """drift's model's parameters: tensor elements (a complex one counts once, as PDEBench's count) and
     real numbers (a complex one counts twice)."""
-    model = FNO(in_channels=25, out_channels=5, width=args.width, modes=(args.modes,) * 3, n_layers=4,
-                **NEURALOP_DEFAULTS)  # fmt: skip
+    options = vars(build_parser().parse_args(["train", "--data", str(data), *drift_options(args)]))
+    model = FNO(**fno_options(resolve_problem(config_from(options))))
     params = list(model.parameters())
     return sum(p.numel() for p in params), sum(p.numel() * (2 if p.is_complex() else 1) for p in params)
 
@@ -123,9 +141,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beside", type=int, default=4, help="drift's ranks in the run beside (0: none)")
-    parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--modes", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--drift-recipe", choices=DRIFT_RECIPES, default="autoregressive")
     parser.add_argument("--out", type=Path, default=Path("results/pdebench_recipe"))
     args = parser.parse_args()
     args.out = args.out.resolve()
@@ -135,15 +151,22 @@ def main() -> None:
     # Each run is recorded as it ends; a run of the same settings already recorded is not run again, so a
     # sweep longer than one sitting resumes where it stopped.
     record_path = args.out / "pdebench_recipe.json"
-    settings = {k: v for k, v in vars(args).items() if k not in ("seeds", "out", "beside")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("seeds", "out", "beside", "drift_recipe")}
     settings = json.loads(json.dumps(settings, default=str))
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     runs = record.get("runs", []) if record.get("settings") == settings else []
+    params, real = drift_parameters(args, data)
+
+    def mine(r: dict) -> bool:  # a run of this comparison: PDEBench's, or drift's with this recipe's options
+        return r["side"] == "pdebench" or r.get("options") == drift_options(args)
 
     def run(side: str, seed: int, call) -> None:
-        if any(r["side"] == side and r["seed"] == seed for r in runs):
+        if any(r["side"] == side and r["seed"] == seed and mine(r) for r in runs):
             print(f"{side} seed {seed}: recorded", flush=True)
             return
+        theirs = [r["params"] for r in runs if r["side"] == "pdebench"]
+        if side != "pdebench" and theirs and params > theirs[0]:
+            raise SystemExit(f"drift's {args.drift_recipe} model: {params:,} parameters, PDEBench's {theirs[0]:,}")
         began = time.strftime("%H:%M:%S")
         result = call()
         runs.append(result)
@@ -160,17 +183,16 @@ def main() -> None:
     if args.beside:
         seed = args.seeds[0]
         run(f"drift P={args.beside}", seed, lambda: run_drift(args, data, seed, args.beside, 1))
-    runs = [r for r in runs if r["seed"] in args.seeds]
+    runs = [r for r in runs if r["seed"] in args.seeds and mine(r)]
 
     pde = [r for r in runs if r["side"] == "pdebench"]
     one = [r for r in runs if r["side"] == "drift P=1"]
-    params, real = drift_parameters(args)
     epoch = {name: statistics.median(s for r in rs for s in r["epochs_s"]) for name, rs in (("pde", pde), ("one", one))}
     nrmse = {name: [r["nrmse"] for r in rs] for name, rs in (("pde", pde), ("one", one))}
     print(f"\n{torch.get_num_threads()} threads available to torch here; each side ran on {args.threads}")
     print(f"data: the first {args.trajectories} trajectories of the default 3-D CFD set; test: PDEBench's first "
           f"{int(args.trajectories * 0.1)}; {args.epochs} epoch(s), batch {args.batch_size}\n")  # fmt: skip
-    print("| | PDEBench FNO3d (its train.py) | drift autoregressive | drift / PDEBench |")
+    print(f"| | PDEBench FNO3d (its train.py) | drift {args.drift_recipe} | drift / PDEBench |")
     print("|---|---|---|---|")
     print(f"| parameters (tensor elements; real numbers) | {pde[0]['params']:,}; {pde[0]['real_params']:,} "
           f"| {params:,}; {real:,} | {params / pde[0]['params']:.2f} |")  # fmt: skip
