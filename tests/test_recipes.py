@@ -160,7 +160,7 @@ def test_the_nrmse_loss_is_pdebenchs_nrmse_of_the_physical_fields():
     physical = [t * s + m for t in (pred, y)]
     direct = ((physical[0] - physical[1]).flatten(2).norm(dim=2) / physical[1].flatten(2).norm(dim=2)).mean()
     (want,) = torch.autograd.grad(direct, pred)
-    loss = relative_l2(pred, y, [0, 1, 2], 3, 1, (mean, std))
+    loss = relative_l2(pred, y, [0, 1, 2], 3, 1, (m, s))
     loss.backward()
     assert abs(float(loss) - float(direct)) <= 1e-15 and float((pred.grad - want).abs().max()) <= 1e-15
     # Not the normalised fields' relative L2: the density-like field's mean dwarfs its error.

@@ -215,6 +215,13 @@ class Trajectories(torch.utils.data.Dataset):
         first = len(self.stats.fields) - len(self.fields)
         return self.stats.mean[first:], self.stats.std[first:]
 
+    def field_tensors(self, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``field_stats`` as tensors ``(1, fields, 1, ...)`` that broadcast against a batch of targets
+        ``(batch, fields, *block, t)``."""
+        shape = (1, -1) + (1,) * (len(self.global_shape) + 1)
+        mean, std = (torch.tensor(v, dtype=dtype, device=device).view(shape) for v in self.field_stats())
+        return mean, std
+
     @property
     def x_shape(self) -> tuple[int, ...]:
         """An item's input block: ``(len(inputs), t_in, *local_shape)``."""

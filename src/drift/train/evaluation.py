@@ -39,8 +39,7 @@ def relative_l2(
     with the data set's statistics, in float64. ``prefetch``: read each batch during the previous one's
     forward (``prefetched_batches``)."""
     sums = torch.zeros(len(dataset), 2, dtype=torch.float64, device=device)
-    shape = (1, -1) + (1,) * (len(dataset.global_shape) + 1)
-    mean, std = (torch.tensor(v, dtype=torch.float64, device=device).view(shape) for v in dataset.field_stats())
+    mean, std = dataset.field_tensors(torch.float64, device)
     batches = [range(start, min(start + batch_size, len(dataset))) for start in range(0, len(dataset), batch_size)]
     with prefetched_batches(dataset, batches, sharding, device, prefetch) as reads:
         for indices in batches:

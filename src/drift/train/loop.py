@@ -165,8 +165,7 @@ def _step(
             # This rank's share of the global batch's loss: the ranks' losses sum to it.
             if run.config.loss in ("relative-l2", "nrmse"):
                 rows = [indices.index(i) for i in run.sharding.share(indices)]
-                stats = run.train_set.field_stats() if run.config.loss == "nrmse" else None
-                loss = losses.relative_l2(pred, y, rows, len(indices), run.sharding.spatial_ranks, stats)
+                loss = losses.relative_l2(pred, y, rows, len(indices), run.sharding.spatial_ranks, run.physical)
             else:
                 weights = None if run.weights is None else run.weights[..., counted]
                 loss = losses.squared_error(pred, y, weights, run.count // t_out * pred.shape[-1] * len(indices))

@@ -24,11 +24,12 @@ def relative_l2(
     rows: Sequence[int],
     size: int,
     sharers: int,
-    field_stats: tuple[Sequence[float], Sequence[float]] | None = None,
+    physical: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``--loss relative-l2`` (neuraloperator's ``LpLoss``): the mean over the global batch of ``size``
     trajectories of ``||pred - y|| / ||y||``, each norm over the whole trajectory (every field, point and
-    counted frame) of the normalised fields. With ``field_stats`` (the fields' mean and std), ``--loss nrmse``
+    counted frame) of the normalised fields. With ``physical`` (the fields' mean and std, broadcasting
+    against ``y``: ``Trajectories.field_tensors``), ``--loss nrmse``
     (PDEBench's nRMSE): the mean over the trajectories and fields of each field's relative L2 error in
     physical units (``value * std + mean``). ``pred`` and ``y``: this rank's blocks ``(share, fields, ...)``
     of the trajectories at positions ``rows`` of the batch; ``sharers``: the ranks that hold blocks of each
@@ -38,12 +39,11 @@ def relative_l2(
     With E and Y a norm's global sums of squared error and of squared target, the gradient of sqrt(E / Y)
     is dE / (2 sqrt(E Y)), and this rank's part of dE is the gradient of its own sum of squared error: the
     returned loss has that gradient and the value of this rank's share of the global loss."""
-    if field_stats is None:
+    if physical is None:
         e = (pred - y).square().flatten(1).sum(1, keepdim=True)
         t = y.square().flatten(1).sum(1, keepdim=True)
     else:
-        shape = (1, -1) + (1,) * (y.dim() - 2)
-        mean, std = (torch.tensor(v, dtype=y.dtype, device=y.device).view(shape) for v in field_stats)
+        mean, std = physical
         e = ((pred - y) * std).square().flatten(2).sum(2)
         t = (y * std + mean).square().flatten(2).sum(2)
     norms = e.shape[1]  # the norms of each trajectory the loss averages: 1, or one per field

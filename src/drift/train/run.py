@@ -35,7 +35,8 @@ class Run:
     """A run on this rank: its options, signals and phase timeouts, device, data files, mesh, model and
     optimizer, the metric rows of its epochs so far (``history``, a resumed run's first), the meta of the
     checkpoint it resumed from (``saved``), its training and test sets, the loss's frame weights (None for
-    ``--loss mse``) and when it last wrote a checkpoint (``time.monotonic()``)."""
+    ``--loss mse``), ``--loss nrmse``'s field mean and std (``Trajectories.field_tensors``; else None) and
+    when it last wrote a checkpoint (``time.monotonic()``)."""
 
     config: TrainConfig
     stop: StopSignals
@@ -50,6 +51,7 @@ class Run:
     train_set: Trajectories
     test_set: Trajectories
     weights: torch.Tensor | None
+    physical: tuple[torch.Tensor, torch.Tensor] | None = None
     last_checkpoint: float = 0.0
 
     @property
@@ -141,9 +143,11 @@ def set_up(config: TrainConfig, stop: StopSignals, timeouts: PhaseTimeouts) -> R
         train_set.stats.save(out / "stats.json")
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     weights = frame_weights(train_set, config.data_parallel, device) if config.loss == "frame-weighted" else None
+    physical = train_set.field_tensors(torch.float32, device) if config.loss == "nrmse" else None
     return Run(
-        config, stop, timeouts, device, data, sharding, model, optimizer, history, saved, train_set, test_set, weights
-    )
+        config, stop, timeouts, device, data, sharding, model, optimizer, history, saved, train_set, test_set, weights,
+        physical,
+    )  # fmt: skip
 
 
 __getattr__ = moved_names(__name__, {"drift.data": ("FIELDS",)})  # imported here at 0.2.0
